@@ -1,0 +1,21 @@
+"""Errors ssmcc raises on purpose. Each message names what is wrong and what to do about it."""
+
+
+class SSMCCError(Exception):
+    """Base class of every error ssmcc raises deliberately."""
+
+
+class InputError(SSMCCError, ValueError):
+    """The caller passed inputs ssmcc cannot use (wrong dtype, rank, size or value range)."""
+
+
+class CaptureError(SSMCCError):
+    """torch.export could not capture the model; the message says which model and why."""
+
+
+class LoweringError(SSMCCError):
+    """A backend has no emitter for an op in the program."""
+
+
+class PassError(SSMCCError):
+    """A pass failed or left the program invalid; the message names the pass and those before it."""

@@ -1,0 +1,43 @@
+"""The ssmcc op library: ``torch.library`` custom ops in the ``ssmcc`` namespace.
+
+Each op has a schema, a pure-PyTorch reference (``*_ref``, the oracle), a fake implementation
+(shape rules on symbolic sizes) and a docstring with shapes and math. Importing this package
+registers the ops as ``torch.ops.ssmcc.<name>``. Backends register kernels against these ops; this
+package imports no pass, lowering or kernel.
+"""
+
+from ssmcc.ops.causal_conv1d import (
+    causal_conv1d,
+    causal_conv1d_ref,
+    causal_conv1d_update,
+    causal_conv1d_update_ref,
+)
+from ssmcc.ops.selective_scan import selective_scan, selective_scan_ref
+from ssmcc.ops.selective_state_update import selective_state_update, selective_state_update_ref
+
+# The OpOverloads as they appear in captured graphs, by short name.
+SSMCC_OPS = {
+    "selective_scan": selective_scan._opoverload,
+    "selective_state_update": selective_state_update._opoverload,
+    "causal_conv1d": causal_conv1d._opoverload,
+    "causal_conv1d_update": causal_conv1d_update._opoverload,
+}
+
+
+def is_ssmcc_op(target) -> bool:
+    """True for an OpOverload in the ``ssmcc`` namespace."""
+    return getattr(target, "namespace", None) == "ssmcc"
+
+
+__all__ = [
+    "SSMCC_OPS",
+    "causal_conv1d",
+    "causal_conv1d_ref",
+    "causal_conv1d_update",
+    "causal_conv1d_update_ref",
+    "is_ssmcc_op",
+    "selective_scan",
+    "selective_scan_ref",
+    "selective_state_update",
+    "selective_state_update_ref",
+]
