@@ -1,0 +1,192 @@
+"""``capture``: torch.export of a model into the ssmcc IR, with dynamic batch and sequence dims.
+
+Known SSM implementations are routed to the ssmcc ops for the duration of the export (see
+``routes.py``). Hugging Face models are wrapped so the exported program maps ``input_ids``
+(batch, seq) to logits. Any other module is exported as plain ``torch.export`` would, with
+``Dim.AUTO`` on every tensor dim when ``dynamic`` is set, and the report notes that no SSM layer was
+found. The model's modules are switched to eval mode during capture and their train/eval flags are
+restored afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from torch.export import Dim, ExportedProgram
+
+from ssmcc.capture.inputs import check_token_ids
+from ssmcc.capture.report import CaptureReport, ssmcc_op_counts
+from ssmcc.capture.routes import routed
+from ssmcc.errors import CaptureError, InputError
+
+REPORT_KEY = "ssmcc.capture_report"
+
+
+class CausalLMLogits(nn.Module):
+    """``input_ids (batch, seq) -> logits (batch, seq, vocab)`` for a Hugging Face model.
+
+    Without an LM head the last hidden state is returned instead of logits.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        out = self.model(input_ids=input_ids, use_cache=False, return_dict=True)
+        logits = getattr(out, "logits", None)
+        return logits if logits is not None else out.last_hidden_state
+
+
+def is_hf_model(model: nn.Module) -> bool:
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # transformers is a dependency, but a broken install should not mask this
+        return False
+    return isinstance(model, PreTrainedModel)
+
+
+def vocab_size_of(model: nn.Module) -> int | None:
+    config = getattr(model, "config", None)
+    return getattr(config, "vocab_size", None)
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Eval mode inside the block; every submodule's previous ``training`` flag restored after."""
+    flags = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in flags:
+            module.training = training
+
+
+def tracing_example(input_ids: torch.Tensor) -> torch.Tensor:
+    """An example at least 2 x 2, so torch.export does not specialize batch or length to 1."""
+    batch, length = input_ids.shape
+    return input_ids.repeat(2 if batch < 2 else 1, 2 if length < 2 else 1)
+
+
+def _export_token_model(model: nn.Module, example: torch.Tensor) -> ExportedProgram:
+    batch, seq = Dim("batch", min=1), Dim("seq", min=1)
+    wrapper = CausalLMLogits(model)
+    return torch.export.export(
+        wrapper, (example,), dynamic_shapes={"input_ids": {0: batch, 1: seq}}, strict=False
+    )
+
+
+def _export_generic(model: nn.Module, example_inputs: tuple, dynamic: bool) -> ExportedProgram:
+    dynamic_shapes = None
+    if dynamic:
+        dynamic_shapes = tuple(
+            {axis: Dim.AUTO for axis in range(x.dim())} if isinstance(x, torch.Tensor) else None
+            for x in example_inputs
+        )
+    return torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=False)
+
+
+def _dynamic_dims(
+    program: ExportedProgram, axis_names: dict[str, tuple[str, ...]] | None = None
+) -> dict[str, list[str]]:
+    """Each user input's dims: an int when static, else ``name[low,high]`` (the symbol's range).
+
+    ``axis_names`` gives readable names (``batch``, ``seq``) for inputs whose dims ssmcc chose.
+    """
+    axis_names = axis_names or {}
+    dims: dict[str, list[str]] = {}
+    user_inputs = set(program.graph_signature.user_inputs)
+    for node in program.graph.nodes:
+        value = node.meta.get("val")
+        if node.op != "placeholder" or node.name not in user_inputs:
+            continue
+        if not isinstance(value, torch.Tensor):
+            continue
+        names = axis_names.get(node.name, ())
+        described = []
+        for axis, size in enumerate(value.shape):
+            if not isinstance(size, torch.SymInt):
+                described.append(str(int(size)))
+                continue
+            expr = size.node.expr
+            bounds = program.range_constraints.get(expr)
+            low, high = ("?", "?") if bounds is None else (str(bounds.lower), str(bounds.upper))
+            high = "inf" if "oo" in high else high
+            name = names[axis] if axis < len(names) else str(expr)
+            described.append(f"{name}[{low},{high}]")
+        dims[node.name] = described
+    return dims
+
+
+def capture_with_report(
+    model: nn.Module, example_inputs, dynamic: bool = True
+) -> tuple[ExportedProgram, CaptureReport]:
+    """Capture and describe; see ``capture``."""
+    if not isinstance(model, nn.Module):
+        raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    example_inputs = tuple(example_inputs)
+    hf = is_hf_model(model)
+    if hf:
+        if len(example_inputs) != 1:
+            raise InputError(
+                f"a Hugging Face model is captured from one example tensor of token ids "
+                f"(batch, length); got {len(example_inputs)} example inputs"
+            )
+        ids = check_token_ids(example_inputs[0], vocab_size_of(model), what="example input_ids")
+
+    started = time.perf_counter()
+    model_name = type(model).__name__
+    with eval_mode(model), routed(model) as routing:
+        try:
+            if hf and dynamic:
+                program = _export_token_model(model, tracing_example(ids))
+            elif hf:
+                program = torch.export.export(CausalLMLogits(model), (ids,), strict=False)
+            else:
+                program = _export_generic(model, example_inputs, dynamic)
+        except Exception as error:  # report torch.export's own message, with the model named
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise CaptureError(
+                f"torch.export failed for {model_name} "
+                f"({'routed via ' + ', '.join(routing.routes) if routing.routes else 'no SSM route'})"
+                f": {type(error).__name__}: {first_line}"
+            ) from error
+
+    op_counts = ssmcc_op_counts(program)
+    notes = []
+    if not routing.layers and not op_counts:
+        notes.append(
+            "no SSM layer found: captured as plain torch.export "
+            "(no ssmcc op in the graph; known models: Hugging Face Mamba, FalconMamba)"
+        )
+    report = CaptureReport(
+        model=model_name,
+        routes=routing.routes,
+        ssm_layers=[f"{name} ({cls})" for name, cls in routing.layers],
+        dynamic_dims=_dynamic_dims(program, {"input_ids": ("batch", "seq")} if hf else None),
+        node_count=len(program.graph.nodes),
+        op_counts=op_counts,
+        capture_seconds=round(time.perf_counter() - started, 3),
+        notes=notes,
+    )
+    program.graph_module.meta[REPORT_KEY] = report
+    return program, report
+
+
+def capture(model: nn.Module, example_inputs, dynamic: bool = True) -> ExportedProgram:
+    """Capture ``model`` with torch.export into the ssmcc IR (ATen + ssmcc ops).
+
+    Hugging Face Mamba / FalconMamba models take one example tensor of token ids (batch, length);
+    the program maps ``input_ids`` to logits with dynamic ``batch`` and ``seq`` dims (>= 1) when
+    ``dynamic``. The capture report is stored in ``program.graph_module.meta["ssmcc.capture_report"]``.
+    The model object is left as it was, also when capture fails.
+    """
+    program, _ = capture_with_report(model, example_inputs, dynamic)
+    return program

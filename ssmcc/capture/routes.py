@@ -1,0 +1,87 @@
+"""Scoped routing of known model implementations to the ssmcc ops.
+
+A ``Route`` names a Python module (e.g. ``transformers.models.mamba.modeling_mamba``), the mixer
+classes in it, and replacements for module-level functions those mixers call at run time. Inside
+``routed(model)`` the replacements are installed in every module that one of the model's submodule
+classes comes from, and they are always restored on exit, also when capture fails: the user's model
+object and the library are never changed permanently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+
+from torch import nn
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    name: str
+    module: str
+    mixer_classes: tuple[str, ...]
+    replacements: Mapping[str, Callable]
+
+
+@dataclasses.dataclass
+class RoutingRecord:
+    """What routing found and did: the routes used, the SSM layers, routed calls by op name."""
+
+    routes: list[str] = dataclasses.field(default_factory=list)
+    layers: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    calls: Counter = dataclasses.field(default_factory=Counter)
+
+
+_ACTIVE: list[RoutingRecord] = []
+
+
+def record_routed_call(op_name: str) -> None:
+    """Called by replacement functions; counts the call in the innermost active routing."""
+    if _ACTIVE:
+        _ACTIVE[-1].calls[op_name] += 1
+
+
+def known_routes() -> tuple[Route, ...]:
+    from ssmcc.capture import hf_mamba1
+
+    return hf_mamba1.ROUTES
+
+
+def routes_for(model: nn.Module) -> list[Route]:
+    """The routes whose module defines a class used by one of the model's submodules."""
+    modules_in_model = {type(m).__module__ for m in model.modules()}
+    return [route for route in known_routes() if route.module in modules_in_model]
+
+
+def ssm_layers(model: nn.Module, routes: list[Route]) -> list[tuple[str, str]]:
+    """(qualified name, class name) of every submodule that is a routed mixer."""
+    return [
+        (name, type(module).__name__)
+        for name, module in model.named_modules()
+        for route in routes
+        if type(module).__module__ == route.module and type(module).__name__ in route.mixer_classes
+    ]
+
+
+@contextlib.contextmanager
+def routed(model: nn.Module) -> Iterator[RoutingRecord]:
+    """Install the model's routes for the duration of the block; always restore the originals."""
+    routes = routes_for(model)
+    record = RoutingRecord(routes=[r.name for r in routes], layers=ssm_layers(model, routes))
+    saved: list[tuple[object, str, object]] = []
+    _ACTIVE.append(record)
+    try:
+        for route in routes:
+            module = sys.modules.get(route.module) or importlib.import_module(route.module)
+            for attribute, replacement in route.replacements.items():
+                saved.append((module, attribute, getattr(module, attribute)))
+                setattr(module, attribute, replacement)
+        yield record
+    finally:
+        for module, attribute, original in reversed(saved):
+            setattr(module, attribute, original)
+        _ACTIVE.remove(record)
