@@ -1,0 +1,85 @@
+"""``canonicalize`` — remove what torch.export leaves behind that computes nothing.
+
+Rules (each a ``NodeRule``, hits counted by name):
+
+- ``noop_cast``: ``aten.to.dtype(x, dt)`` / ``aten._to_copy(x, dtype=dt)`` where x already has
+  dtype dt (and the same device and layout) is x.
+- ``metadata_assert``: ``aten._assert_tensor_metadata(x, ...)`` checks at run time a dtype that
+  the graph's metadata already records; it has no users and produces nothing.
+- ``full_slice``: ``aten.slice(x, dim, 0, end, 1)`` with ``end >= x.shape[dim]`` is x.
+
+Before: any captured program. After: the same function (bit-identical outputs), no node matched by
+these rules, every other node untouched.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch.export import ExportedProgram
+from torch.fx import Node
+
+from ssmcc.passes.pass_base import PassContext, PassResult
+from ssmcc.passes.program import rebuild_program
+from ssmcc.passes.rules import NodeRule, Reject, apply_rules, replace_with
+
+aten = torch.ops.aten
+
+
+def _value(node) -> torch.Tensor | None:
+    value = node.meta.get("val") if isinstance(node, Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _is_noop_cast(node: Node) -> bool | Reject:
+    source, result = _value(node.args[0]), _value(node)
+    if source is None or result is None:
+        return Reject("no tensor metadata on input or output")
+    if node.kwargs.get("memory_format") not in (None, torch.preserve_format):
+        return Reject(f"changes memory format to {node.kwargs['memory_format']}")
+    if (source.dtype, source.device, source.layout) != (result.dtype, result.device, result.layout):
+        return Reject(f"converts {source.dtype} on {source.device} to {result.dtype}")
+    return True
+
+
+def _is_full_slice(node: Node) -> bool | Reject:
+    source = _value(node.args[0])
+    defaults = (0, None, None, 1)  # aten.slice.Tensor(self, dim=0, start=None, end=None, step=1)
+    dim, start, end, step = tuple(node.args[1:]) + defaults[len(node.args) - 1 :]
+    if source is None:
+        return Reject("no tensor metadata on input")
+    if start not in (0, None) or step != 1:
+        return Reject(f"start {start}, step {step}")
+    if end is None or (isinstance(end, int) and end >= sys.maxsize):
+        return True
+    if isinstance(end, int) and not isinstance(source.shape[dim], torch.SymInt):
+        return True if end >= source.shape[dim] else Reject(f"end {end} cuts the dim")
+    return Reject(f"end {end} is not provably the full dim")
+
+
+def _bypass(node: Node) -> None:
+    replace_with(node, node.args[0])
+
+
+def _erase(node: Node) -> None:
+    node.graph.erase_node(node)
+
+
+RULES = (
+    NodeRule("noop_cast", (aten.to.dtype, aten._to_copy.default), _is_noop_cast, _bypass),
+    NodeRule(
+        "metadata_assert", (aten._assert_tensor_metadata.default,), lambda node: True, _erase
+    ),
+    NodeRule("full_slice", (aten.slice.Tensor,), _is_full_slice, _bypass),
+)
+
+
+def canonicalize(program: ExportedProgram, ctx: PassContext) -> PassResult:
+    graph_module = program.graph_module
+    hits, rejections = apply_rules(graph_module.graph, RULES)
+    for rule, reasons in rejections.items():
+        ctx.diagnostics.setdefault(f"canonicalize.{rule}", []).extend(reasons)
+    if not hits:
+        return PassResult(program, False, hits)
+    return PassResult(rebuild_program(program, graph_module), True, hits)

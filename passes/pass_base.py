@@ -1,0 +1,45 @@
+"""The pass contract.
+
+A pass is a callable ``(program, ctx) -> PassResult``. It receives a program it may edit (the
+manager hands each pipeline a copy), and returns the resulting program, whether anything changed,
+and ``stats``: hits counted by rule name (what golden tests assert). A pass never imports a backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Callable
+from typing import Protocol
+
+from torch.export import ExportedProgram
+
+
+@dataclasses.dataclass
+class PassContext:
+    """Options shared by the passes of one pipeline run.
+
+    ``verify``: run the IR verifier after every pass (tests set it; compile does once at the end).
+    ``options``: per-pass options by pass name, e.g. ``{"chunk_state_passing": {"chunk_size": 256}}``.
+    ``diagnostics``: why a rule did not fire (rule name -> reasons), gathered for ``ssmcc inspect``.
+    """
+
+    verify: bool = False
+    options: dict[str, dict] = dataclasses.field(default_factory=dict)
+    diagnostics: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class PassResult:
+    program: ExportedProgram
+    modified: bool
+    stats: Counter = dataclasses.field(default_factory=Counter)
+
+
+class Pass(Protocol):
+    __name__: str
+
+    def __call__(self, program: ExportedProgram, ctx: PassContext) -> PassResult: ...
+
+
+PassFn = Callable[[ExportedProgram, PassContext], PassResult]

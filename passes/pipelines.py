@@ -1,0 +1,21 @@
+"""The pass pipelines, as explicit ordered lists. The only place pass order is decided."""
+
+from __future__ import annotations
+
+from ssmcc.errors import SSMCCError
+from ssmcc.passes.canonicalize import canonicalize
+from ssmcc.passes.eliminate_dead_code import eliminate_dead_code
+from ssmcc.passes.pass_base import PassFn
+
+PIPELINES: dict[str, list[PassFn]] = {
+    # Clean-up every target starts from.
+    "default": [canonicalize, eliminate_dead_code],
+    # Capture output unchanged (for inspecting what torch.export produced).
+    "none": [],
+}
+
+
+def pipeline(name: str) -> list[PassFn]:
+    if name not in PIPELINES:
+        raise SSMCCError(f"unknown pipeline {name!r}; known: {', '.join(PIPELINES)}")
+    return list(PIPELINES[name])

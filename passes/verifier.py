@@ -1,0 +1,100 @@
+"""The IR verifier: what every program must satisfy between passes.
+
+1. ``graph.lint()`` passes (topological order, well-formed nodes).
+2. Every ``call_function`` target is an ATen / prims / ssmcc ``OpOverload``, a higher-order op, or
+   ``operator.getitem``.
+3. Every tensor-producing node carries ``meta["val"]`` (shapes and dtypes for printing and lowering).
+4. The graph signature matches the graph: one input spec per placeholder, in order, and output
+   specs naming the output node's arguments.
+5. Every ssmcc node's recorded output shapes and dtypes equal what the op's fake implementation
+   computes from its inputs' metadata.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch._guards import detect_fake_mode
+from torch.export import ExportedProgram
+from torch.fx import Node
+
+from ssmcc.errors import PassError
+from ssmcc.ops import is_ssmcc_op
+
+ALLOWED_NAMESPACES = {"aten", "prims", "ssmcc"}
+
+
+def _allowed_target(target) -> bool:
+    if target is operator.getitem or isinstance(target, torch._ops.HigherOrderOperator):
+        return True
+    return isinstance(target, torch._ops.OpOverload) and target.namespace in ALLOWED_NAMESPACES
+
+
+def _meta_of(arg):
+    if isinstance(arg, Node):
+        return arg.meta.get("val")
+    if isinstance(arg, (list, tuple)):
+        return type(arg)(_meta_of(a) for a in arg)
+    return arg
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype}{list(value.shape)}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(_describe(v) for v in value) + ")"
+    return repr(value)
+
+
+def _check_ssmcc_node(node: Node, fake_mode) -> str | None:
+    args = [_meta_of(a) for a in node.args]
+    kwargs = {k: _meta_of(v) for k, v in node.kwargs.items()}
+    with fake_mode:
+        recomputed = node.target(*args, **kwargs)
+    if _describe(recomputed) != _describe(node.meta.get("val")):
+        return (
+            f"{node.name}: recorded {_describe(node.meta.get('val'))}, "
+            f"fake implementation gives {_describe(recomputed)}"
+        )
+    return None
+
+
+def verification_errors(program: ExportedProgram) -> list[str]:
+    graph = program.graph
+    errors: list[str] = []
+    try:
+        graph.lint()
+    except Exception as error:  # lint raises plain RuntimeError with a description
+        errors.append(f"graph lint: {error}")
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    input_names = [getattr(s.arg, "name", None) for s in program.graph_signature.input_specs]
+    if [n.name for n in placeholders] != input_names:
+        errors.append(f"input specs {input_names} do not match placeholders "
+                      f"{[n.name for n in placeholders]}")
+    outputs = list(graph.output_node().args[0])
+    output_names = [getattr(s.arg, "name", None) for s in program.graph_signature.output_specs]
+    if [getattr(o, "name", None) for o in outputs] != output_names:
+        errors.append(f"output specs {output_names} do not match the output node")
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes])
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        if not _allowed_target(node.target):
+            errors.append(f"{node.name}: target {node.target} is not ATen, prims, ssmcc or getitem")
+            continue
+        if node.users and "val" not in node.meta:
+            errors.append(f"{node.name}: no meta['val'] (shape/dtype unknown)")
+        if is_ssmcc_op(node.target) and fake_mode is not None:
+            mismatch = _check_ssmcc_node(node, fake_mode)
+            if mismatch:
+                errors.append(mismatch)
+    return errors
+
+
+def verify_program(program: ExportedProgram, after: str = "capture") -> None:
+    """Raise ``PassError`` listing every violated invariant; ``after`` names the last pass run."""
+    errors = verification_errors(program)
+    if errors:
+        listed = "\n  ".join(errors)
+        raise PassError(f"IR verification failed after {after}:\n  {listed}")
