@@ -1,0 +1,25 @@
+"""Lowering: from the ssmcc IR to a backend, through one table of emitters per backend."""
+
+from ssmcc.errors import LoweringError
+from ssmcc.lowering.table import PLANNED_BACKENDS, TABLES, coverage
+from ssmcc.lowering.torch import lower_to_torch
+
+TARGETS = {"torch": lower_to_torch}
+
+
+def lower(program, target: str):
+    """Lower ``program`` to ``target``; unknown or unbuilt targets raise ``LoweringError``."""
+    if target in TARGETS:
+        return TARGETS[target](program)
+    if target in PLANNED_BACKENDS:
+        raise LoweringError(
+            f"target {target!r} is not available in this version: {PLANNED_BACKENDS[target]}. "
+            f"Available targets: {', '.join(TARGETS)}"
+        )
+    raise LoweringError(
+        f"unknown target {target!r}; available: {', '.join(TARGETS)} "
+        f"(planned: {', '.join(PLANNED_BACKENDS)})"
+    )
+
+
+__all__ = ["PLANNED_BACKENDS", "TABLES", "TARGETS", "coverage", "lower"]

@@ -1,0 +1,29 @@
+"""ssmcc — a compiler for state-space language models (Mamba family).
+
+``ssmcc.capture(model, example_inputs)`` exports a model into the ssmcc IR (ATen + ssmcc ops,
+dynamic batch and sequence dims); ``ssmcc.compile(model, target="torch")`` also runs the pass
+pipeline and lowers the program to a backend.
+"""
+
+from ssmcc import ops  # noqa: F401  (registers torch.ops.ssmcc.*)
+from ssmcc.capture import CaptureReport, capture, capture_with_report
+from ssmcc.compile_api import compile
+from ssmcc.compiled import CompiledModel, CompileReport
+from ssmcc.errors import CaptureError, InputError, LoweringError, PassError, SSMCCError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CaptureError",
+    "CaptureReport",
+    "CompileReport",
+    "CompiledModel",
+    "InputError",
+    "LoweringError",
+    "PassError",
+    "SSMCCError",
+    "__version__",
+    "capture",
+    "capture_with_report",
+    "compile",
+]

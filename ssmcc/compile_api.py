@@ -1,0 +1,73 @@
+"""``ssmcc.compile``: capture -> passes -> lowering, for one target."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from ssmcc.capture.export import capture_with_report, is_hf_model, vocab_size_of
+from ssmcc.capture.report import ssmcc_op_counts
+from ssmcc.compiled import CompiledModel, CompileReport
+from ssmcc.errors import InputError
+from ssmcc.lowering import PLANNED_BACKENDS, TARGETS, lower
+from ssmcc.passes import PassContext, pipeline, run_passes, verify_program
+
+DEFAULT_EXAMPLE_LENGTH = 16
+
+
+def default_example_ids(vocab_size: int, length: int = DEFAULT_EXAMPLE_LENGTH) -> torch.Tensor:
+    """Example token ids (2, length) for tracing; only their shape and dtype matter."""
+    return (torch.arange(2 * length).reshape(2, length) * 7919) % vocab_size
+
+
+def compile(
+    model: nn.Module,
+    target: str = "torch",
+    example_inputs=None,
+    *,
+    pipeline_name: str = "default",
+    verify: bool = False,
+) -> CompiledModel:
+    """Compile ``model`` for ``target``.
+
+    ``example_inputs``: for a Hugging Face causal LM, optional token ids (batch, length) used only
+    for tracing (default: 2 x 16 ids); for any other module, required, as for ``torch.export``.
+    ``verify``: run the IR verifier after every pass (always run once at the end).
+    """
+    if target not in TARGETS:
+        available = ", ".join(TARGETS)
+        if target in PLANNED_BACKENDS:
+            raise InputError(
+                f"target {target!r} is not available in this version ({PLANNED_BACKENDS[target]}); "
+                f"available: {available}"
+            )
+        raise InputError(f"unknown target {target!r}; available: {available}")
+    started = time.perf_counter()
+    token_model = is_hf_model(model)
+    vocab_size = vocab_size_of(model) if token_model else None
+    if example_inputs is None:
+        if not token_model or vocab_size is None:
+            raise InputError(
+                f"{type(model).__name__} is not a Hugging Face language model: pass "
+                "example_inputs (a tuple of example tensors, as for torch.export)"
+            )
+        example_inputs = (default_example_ids(vocab_size),)
+    captured, capture_report = capture_with_report(model, example_inputs, dynamic=True)
+    program, pipeline_report = run_passes(
+        captured, pipeline(pipeline_name), PassContext(verify=verify)
+    )
+    verify_program(program, after=f"pipeline {pipeline_name}")
+    runner = lower(program, target)
+    report = CompileReport(
+        target=target,
+        capture=capture_report,
+        pipeline=pipeline_name,
+        passes_run=pipeline_report.passes_run,
+        rule_hits=pipeline_report.rule_hits,
+        node_count=len(program.graph.nodes),
+        op_counts=ssmcc_op_counts(program),
+        compile_seconds=round(time.perf_counter() - started, 3),
+    )
+    return CompiledModel(program, runner, report, vocab_size, token_model)
