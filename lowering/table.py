@@ -42,8 +42,9 @@ def coverage() -> list[dict[str, str]]:
         for backend in backends:
             emitter = TABLES.get(backend, {}).get(op)
             if emitter is not None:
-                rows.append({"op": op, "backend": backend, "status": "supported",
-                             "detail": emitter.kernel})
+                rows.append(
+                    {"op": op, "backend": backend, "status": "supported", "detail": emitter.kernel}
+                )
                 continue
             reason = UNSUPPORTED.get(backend, {}).get(op) or PLANNED_BACKENDS.get(
                 backend, "no emitter registered"

@@ -68,9 +68,7 @@ def _erase(node: Node) -> None:
 
 RULES = (
     NodeRule("noop_cast", (aten.to.dtype, aten._to_copy.default), _is_noop_cast, _bypass),
-    NodeRule(
-        "metadata_assert", (aten._assert_tensor_metadata.default,), lambda node: True, _erase
-    ),
+    NodeRule("metadata_assert", (aten._assert_tensor_metadata.default,), lambda node: True, _erase),
     NodeRule("full_slice", (aten.slice.Tensor,), _is_full_slice, _bypass),
 )
 

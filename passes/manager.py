@@ -74,8 +74,12 @@ def run_passes(
             program = result.program
             any_modified |= result.modified
             report.records.append(
-                PassRecord(name, result.modified, dict(result.stats),
-                           round(time.perf_counter() - started, 4))
+                PassRecord(
+                    name,
+                    result.modified,
+                    dict(result.stats),
+                    round(time.perf_counter() - started, 4),
+                )
             )
             if ctx.verify:
                 verify_program(program, after=f"pass {name}")

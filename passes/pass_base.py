@@ -20,7 +20,7 @@ class PassContext:
     """Options shared by the passes of one pipeline run.
 
     ``verify``: run the IR verifier after every pass (tests set it; compile does once at the end).
-    ``options``: per-pass options by pass name, e.g. ``{"chunk_state_passing": {"chunk_size": 256}}``.
+    ``options``: per-pass options by pass name, e.g. ``{"some_pass": {"chunk_size": 256}}``.
     ``diagnostics``: why a rule did not fire (rule name -> reasons), gathered for ``ssmcc inspect``.
     """
 

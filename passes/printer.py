@@ -3,11 +3,11 @@
 Stable means: node names as the graph has them, symbolic sizes renamed ``s0, s1, ...`` in order of
 first appearance, dtypes abbreviated, op names without object ids. Layout::
 
-    # inputs
-    %input_ids: i64[s0, s1]  (user input)
-    # nodes
+    ## inputs
+    %input_ids: i64[s0, s1]  (user_input)
+    ## nodes
     %embedding: f32[s0, s1, 32] = aten.embedding(%p_weight, %input_ids)
-    # outputs
+    ## outputs
     return (%linear,)
 """
 
@@ -21,9 +21,16 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 _DTYPE_NAMES = {
-    torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
-    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
-    torch.uint8: "u8", torch.bool: "b8",
+    torch.float32: "f32",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.float64: "f64",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "b8",
 }
 
 
@@ -82,8 +89,8 @@ def _format_arg(arg, names: _SymbolNames) -> str:
 def format_program(program: ExportedProgram) -> str:
     names = _SymbolNames()
     kinds = {getattr(s.arg, "name", None): s for s in program.graph_signature.input_specs}
-    lines = ["# inputs"]
-    body = ["# nodes"]
+    lines = ["## inputs"]
+    body = ["## nodes"]
     outputs = []
     for node in program.graph.nodes:
         described = _describe_value(node.meta.get("val"), names)
@@ -95,12 +102,14 @@ def format_program(program: ExportedProgram) -> str:
         elif node.op == "call_function":
             args = [_format_arg(a, names) for a in node.args]
             args += [f"{k}={_format_arg(v, names)}" for k, v in node.kwargs.items()]
-            body.append(f"%{node.name}: {described} = {_target_name(node.target)}({', '.join(args)})")
+            body.append(
+                f"%{node.name}: {described} = {_target_name(node.target)}({', '.join(args)})"
+            )
         elif node.op == "output":
             outputs = [_format_arg(a, names) for a in node.args[0]]
         else:
             body.append(f"%{node.name}: {described} = {node.op} {node.target}")
-    return "\n".join(lines + body + ["# outputs", f"return ({', '.join(outputs)},)"]) + "\n"
+    return "\n".join(lines + body + ["## outputs", f"return ({', '.join(outputs)},)"]) + "\n"
 
 
 def op_histogram(program: ExportedProgram) -> dict[str, int]:

@@ -13,7 +13,7 @@ import copy
 import warnings
 
 from torch.export import ExportedProgram
-from torch.export.graph_signature import ExportGraphSignature, InputKind, TensorArgument
+from torch.export.graph_signature import ExportGraphSignature, TensorArgument
 from torch.fx import GraphModule, Node
 
 

@@ -37,9 +37,7 @@ class NodeRule:
     rewrite: Rewrite
 
 
-def apply_rules(
-    graph: Graph, rules: Iterable[NodeRule]
-) -> tuple[Counter, dict[str, list[str]]]:
+def apply_rules(graph: Graph, rules: Iterable[NodeRule]) -> tuple[Counter, dict[str, list[str]]]:
     """Apply ``rules`` once over ``graph``. Returns (hits by rule name, rejections by rule name)."""
     rules = list(rules)
     hits: Counter = Counter()

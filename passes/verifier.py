@@ -3,7 +3,7 @@
 1. ``graph.lint()`` passes (topological order, well-formed nodes).
 2. Every ``call_function`` target is an ATen / prims / ssmcc ``OpOverload``, a higher-order op, or
    ``operator.getitem``.
-3. Every tensor-producing node carries ``meta["val"]`` (shapes and dtypes for printing and lowering).
+3. Every node with users carries ``meta["val"]`` (shapes and dtypes for printing and lowering).
 4. The graph signature matches the graph: one input spec per placeholder, in order, and output
    specs naming the output node's arguments.
 5. Every ssmcc node's recorded output shapes and dtypes equal what the op's fake implementation
@@ -70,8 +70,9 @@ def verification_errors(program: ExportedProgram) -> list[str]:
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     input_names = [getattr(s.arg, "name", None) for s in program.graph_signature.input_specs]
     if [n.name for n in placeholders] != input_names:
-        errors.append(f"input specs {input_names} do not match placeholders "
-                      f"{[n.name for n in placeholders]}")
+        errors.append(
+            f"input specs {input_names} do not match placeholders {[n.name for n in placeholders]}"
+        )
     outputs = list(graph.output_node().args[0])
     output_names = [getattr(s.arg, "name", None) for s in program.graph_signature.output_specs]
     if [getattr(o, "name", None) for o in outputs] != output_names:

@@ -91,23 +91,33 @@ def build_parser() -> argparse.ArgumentParser:
         "hits. MODEL is a local Hugging Face model directory or a preset (see 'ssmcc presets').",
     )
     inspect.add_argument("model", metavar="MODEL", help="model directory or preset name")
-    inspect.add_argument("--seq-len", type=int, default=16,
-                         help="example sequence length used for tracing (default 16); the "
-                         "captured program runs at any length")
-    inspect.add_argument("--pipeline", default="default",
-                         help="pass pipeline: default, or none for the raw capture")
+    inspect.add_argument(
+        "--seq-len",
+        type=int,
+        default=16,
+        help="example sequence length used for tracing (default 16); the "
+        "captured program runs at any length",
+    )
+    inspect.add_argument(
+        "--pipeline", default="default", help="pass pipeline: default, or none for the raw capture"
+    )
     inspect.add_argument("--graph", action="store_true", help="also print the program")
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
-    inspect.add_argument("--verify", action="store_true",
-                         help="run the IR verifier after every pass")
+    inspect.add_argument(
+        "--verify", action="store_true", help="run the IR verifier after every pass"
+    )
     inspect.set_defaults(run=_cmd_inspect)
 
-    presets = commands.add_parser("presets", help="list the built-in models",
-                                  description="List the built-in model presets.")
+    presets = commands.add_parser(
+        "presets", help="list the built-in models", description="List the built-in model presets."
+    )
     presets.set_defaults(run=_cmd_presets)
 
-    cov = commands.add_parser("coverage", help="which backend supports which ssmcc op",
-                              description="Print the op x backend coverage table.")
+    cov = commands.add_parser(
+        "coverage",
+        help="which backend supports which ssmcc op",
+        description="Print the op x backend coverage table.",
+    )
     cov.add_argument("--json", action="store_true", help="print as JSON")
     cov.set_defaults(run=_cmd_coverage)
     return parser

@@ -49,7 +49,8 @@ class CompileReport:
             "rule hits:      "
             + (", ".join(f"{rule} {n}" for rule, n in self.rule_hits.items()) or "none"),
             f"target:         {self.target}",
-            f"time:           capture {cap.capture_seconds:.2f}s, total {self.compile_seconds:.2f}s",
+            f"time:           capture {cap.capture_seconds:.2f}s, "
+            f"total {self.compile_seconds:.2f}s",
         ]
         lines += [f"note:           {note}" for note in cap.notes]
         return "\n".join(lines)

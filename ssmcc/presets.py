@@ -39,21 +39,38 @@ def _falcon_mamba_config(**overrides):
 _MAMBA_130M = dict(
     vocab_size=50280, hidden_size=768, state_size=16, num_hidden_layers=24, expand=2, conv_kernel=4
 )
-_TINY = dict(vocab_size=512, hidden_size=64, state_size=16, num_hidden_layers=2, expand=2,
-             conv_kernel=4)
+_TINY = dict(
+    vocab_size=512, hidden_size=64, state_size=16, num_hidden_layers=2, expand=2, conv_kernel=4
+)
 
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
-        Preset("mamba-tiny", "Mamba-1, 2 layers, hidden 64, state 16, vocab 512 (seconds)",
-               lambda: _mamba_config(**_TINY), "MambaForCausalLM"),
-        Preset("falcon-mamba-tiny", "FalconMamba, 2 layers, hidden 64, state 16, vocab 512",
-               lambda: _falcon_mamba_config(**_TINY), "FalconMambaForCausalLM"),
-        Preset("mamba-130m", "Mamba-1 at the mamba-130m shape: 24 layers, hidden 768, "
-               "state 16, vocab 50280 (random weights)",
-               lambda: _mamba_config(**_MAMBA_130M), "MambaForCausalLM"),
-        Preset("falcon-mamba-130m", "FalconMamba at the mamba-130m shape (random weights)",
-               lambda: _falcon_mamba_config(**_MAMBA_130M), "FalconMambaForCausalLM"),
+        Preset(
+            "mamba-tiny",
+            "Mamba-1, 2 layers, hidden 64, state 16, vocab 512 (seconds)",
+            lambda: _mamba_config(**_TINY),
+            "MambaForCausalLM",
+        ),
+        Preset(
+            "falcon-mamba-tiny",
+            "FalconMamba, 2 layers, hidden 64, state 16, vocab 512",
+            lambda: _falcon_mamba_config(**_TINY),
+            "FalconMambaForCausalLM",
+        ),
+        Preset(
+            "mamba-130m",
+            "Mamba-1 at the mamba-130m shape: 24 layers, hidden 768, "
+            "state 16, vocab 50280 (random weights)",
+            lambda: _mamba_config(**_MAMBA_130M),
+            "MambaForCausalLM",
+        ),
+        Preset(
+            "falcon-mamba-130m",
+            "FalconMamba at the mamba-130m shape (random weights)",
+            lambda: _falcon_mamba_config(**_MAMBA_130M),
+            "FalconMambaForCausalLM",
+        ),
     )
 }
 

@@ -153,10 +153,10 @@ def capture_with_report(
                 program = _export_generic(model, example_inputs, dynamic)
         except Exception as error:  # report torch.export's own message, with the model named
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            how = f"routed via {', '.join(routing.routes)}" if routing.routes else "no SSM route"
             raise CaptureError(
-                f"torch.export failed for {model_name} "
-                f"({'routed via ' + ', '.join(routing.routes) if routing.routes else 'no SSM route'})"
-                f": {type(error).__name__}: {first_line}"
+                f"torch.export failed for {model_name} ({how}): "
+                f"{type(error).__name__}: {first_line}"
             ) from error
 
     op_counts = ssmcc_op_counts(program)
@@ -185,8 +185,8 @@ def capture(model: nn.Module, example_inputs, dynamic: bool = True) -> ExportedP
 
     Hugging Face Mamba / FalconMamba models take one example tensor of token ids (batch, length);
     the program maps ``input_ids`` to logits with dynamic ``batch`` and ``seq`` dims (>= 1) when
-    ``dynamic``. The capture report is stored in ``program.graph_module.meta["ssmcc.capture_report"]``.
-    The model object is left as it was, also when capture fails.
+    ``dynamic``. The capture report is stored in ``program.graph_module.meta[REPORT_KEY]``. The
+    model object is left as it was, also when capture fails.
     """
     program, _ = capture_with_report(model, example_inputs, dynamic)
     return program

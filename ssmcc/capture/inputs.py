@@ -18,7 +18,11 @@ def check_token_ids(input_ids, vocab_size: int | None, what: str = "input_ids") 
             f"{what} must be a torch.Tensor of token ids with shape (batch, length), "
             f"got {type(input_ids).__name__}"
         )
-    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+    if (
+        input_ids.dtype.is_floating_point
+        or input_ids.dtype.is_complex
+        or input_ids.dtype == torch.bool
+    ):
         raise InputError(
             f"{what} must hold integer token ids (torch.long), got dtype {input_ids.dtype}; "
             "tokenize the text first, or pass ids.long() if these are ids stored as floats"

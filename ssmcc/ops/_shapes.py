@@ -35,24 +35,30 @@ def expect_same_shape(op: str, name: str, tensor: Tensor | None, shape, layout: 
     if tensor is None:
         return
     expect(
-        tensor.dim() == len(shape) and all(a == b for a, b in zip(tensor.shape, shape, strict=False)),
+        tensor.dim() == len(shape)
+        and all(a == b for a, b in zip(tensor.shape, shape, strict=False)),
         op,
         f"{name} must have shape {layout} = {tuple(shape)}, got {tuple(tensor.shape)}",
     )
 
 
-def expect_groups(
-    op: str, name: str, tensor: Tensor, batch, dim, state, grouped_rank: int
-) -> None:
+def expect_groups(op: str, name: str, tensor: Tensor, batch, dim, state, grouped_rank: int) -> None:
     """B or C: shared by all channels (rank ``grouped_rank - 1``: ``(batch, state, ...)``) or
     grouped (rank ``grouped_rank``: ``(batch, groups, state, ...)``, groups dividing ``dim``)."""
-    expect_rank(op, name, tensor, (grouped_rank - 1, grouped_rank),
-                "(batch, state, ...) or (batch, groups, state, ...)")
+    expect_rank(
+        op,
+        name,
+        tensor,
+        (grouped_rank - 1, grouped_rank),
+        "(batch, state, ...) or (batch, groups, state, ...)",
+    )
     expect(tensor.shape[0] == batch, op, f"{name} has batch {tensor.shape[0]}, expected {batch}")
     state_axis = 1
     if tensor.dim() == grouped_rank:
         groups = tensor.shape[1]
-        expect(dim % groups == 0, op, f"{name} has {groups} groups, which does not divide dim={dim}")
+        expect(
+            dim % groups == 0, op, f"{name} has {groups} groups, which does not divide dim={dim}"
+        )
         state_axis = 2
     expect(
         tensor.shape[state_axis] == state,

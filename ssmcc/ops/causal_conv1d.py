@@ -23,7 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ssmcc.ops._shapes import apply_activation, expect, expect_rank, expect_same_shape, expect_vector
+from ssmcc.ops._shapes import (
+    apply_activation,
+    expect,
+    expect_rank,
+    expect_same_shape,
+    expect_vector,
+)
 
 
 def _check_weight(op: str, weight: Tensor, dim) -> None:
@@ -38,7 +44,9 @@ def check_causal_conv1d_args(x, weight, bias, initial_state) -> None:
     _check_weight(op, weight, dim)
     expect_vector(op, "bias", bias, dim)
     state_shape = (batch, dim, weight.shape[1] - 1)
-    expect_same_shape(op, "initial_state", initial_state, state_shape, "(batch, dim, kernel_width-1)")
+    expect_same_shape(
+        op, "initial_state", initial_state, state_shape, "(batch, dim, kernel_width-1)"
+    )
 
 
 def check_causal_conv1d_update_args(x, conv_state, weight, bias) -> None:

@@ -54,7 +54,9 @@ def check_selective_scan_args(u, delta, A, B, C, D, z, delta_bias, initial_state
     expect_vector(OP, "D", D, dim)
     expect_vector(OP, "delta_bias", delta_bias, dim)
     expect_same_shape(OP, "z", z, (batch, dim, length), "(batch, dim, length)")
-    expect_same_shape(OP, "initial_state", initial_state, (batch, dim, state), "(batch, dim, state)")
+    expect_same_shape(
+        OP, "initial_state", initial_state, (batch, dim, state), "(batch, dim, state)"
+    )
 
 
 def selective_scan_ref(

@@ -29,7 +29,6 @@ from torch import Tensor
 
 from ssmcc.ops._shapes import (
     expand_groups,
-    expect,
     expect_groups,
     expect_rank,
     expect_same_shape,

@@ -1,0 +1,84 @@
+"""Shared fixtures: small Hugging Face models with random weights, and golden-file checks."""
+
+from __future__ import annotations
+
+import difflib
+import pathlib
+
+import pytest
+import torch
+
+GOLDEN_DIR = pathlib.Path(__file__).parent / "golden"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        default=False,
+        help="rewrite tests/golden/<pass>/<case>.txt from the current output instead of comparing",
+    )
+
+
+@pytest.fixture
+def golden(request):
+    """``golden(pass_name, case, before, after)``: compare with (or rewrite) the golden file."""
+    update = request.config.getoption("--update-golden")
+
+    def check(pass_name: str, case: str, before: str, after: str) -> None:
+        path = GOLDEN_DIR / pass_name / f"{case}.txt"
+        text = f"# before\n{before}# after\n{after}"
+        if update:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            return
+        if not path.exists():
+            pytest.fail(f"golden file {path} is missing; create it with pytest --update-golden")
+        expected = path.read_text()
+        if text != expected:
+            diff = "".join(
+                difflib.unified_diff(
+                    expected.splitlines(keepends=True),
+                    text.splitlines(keepends=True),
+                    fromfile=str(path),
+                    tofile="current output",
+                )
+            )
+            pytest.fail(
+                f"graph differs from golden file (pytest --update-golden rewrites it):\n{diff}"
+            )
+
+    return check
+
+
+def make_hf_model(family: str, seed: int = 0, **overrides):
+    """A small HF causal LM with random weights, odd sizes (hidden 24, state 5, ...)."""
+    import transformers
+
+    config = dict(
+        vocab_size=101,
+        hidden_size=24,
+        state_size=5,
+        num_hidden_layers=3,
+        expand=2,
+        conv_kernel=4,
+        time_step_rank=3,
+    )
+    config.update(overrides)
+    config_class, model_class = {
+        "mamba": (transformers.MambaConfig, transformers.MambaForCausalLM),
+        "falcon_mamba": (transformers.FalconMambaConfig, transformers.FalconMambaForCausalLM),
+    }[family]
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = model_class(config_class(**config))
+        # Random (not the init scheme's) A_log, D and dt bias so every term of the scan matters.
+        for name, param in model.named_parameters():
+            if name.endswith(("A_log", ".D", "dt_proj.bias")):
+                param.data.uniform_(-1.0, 1.0)
+    return model.eval()
+
+
+@pytest.fixture(params=["mamba", "falcon_mamba"])
+def hf_family(request) -> str:
+    return request.param

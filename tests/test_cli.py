@@ -1,0 +1,72 @@
+"""The ssmcc command line, run as a user would (the installed console script) and in-process."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from ssmcc.cli import main
+
+from .conftest import make_hf_model
+
+
+def test_console_script_inspects_the_default_preset():
+    exe = pathlib.Path(sys.executable).parent / "ssmcc"
+    assert exe.exists(), "the ssmcc console script is not installed (pip install -e .)"
+    done = subprocess.run(
+        [str(exe), "inspect", "mamba-tiny"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "SSM layers:     2" in done.stdout
+    assert "ssmcc ops:      causal_conv1d x2, selective_scan x2" in done.stdout
+    assert "[ssmcc] capturing MambaForCausalLM" in done.stderr  # progress goes to stderr
+
+
+def test_inspect_json_and_graph(capsys):
+    assert main(["inspect", "falcon-mamba-tiny", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["capture"]["routes"] == ["hf-falcon-mamba"]
+    assert report["op_counts"] == {"causal_conv1d": 2, "selective_scan": 2}
+    assert main(["inspect", "mamba-tiny", "--graph", "--pipeline", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "## nodes" in out and "ssmcc.selective_scan(" in out
+
+
+def test_inspect_a_saved_model_directory(tmp_path, capsys):
+    model = make_hf_model("mamba", num_hidden_layers=2)
+    model.save_pretrained(tmp_path / "my-mamba")
+    assert main(["inspect", str(tmp_path / "my-mamba")]) == 0
+    assert "backbone.layers.1.mixer (MambaMixer)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["inspect", "no-such-model"], "neither a local model directory nor a preset"),
+        (["inspect", "mamba-tiny", "--seq-len", "0"], "--seq-len must be >= 1"),
+        (["inspect", "mamba-tiny", "--pipeline", "fast"], "unknown pipeline 'fast'"),
+    ],
+)
+def test_bad_arguments_give_one_line_errors(argv, message, capsys):
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_directory_without_config(tmp_path, capsys):
+    assert main(["inspect", str(tmp_path)]) == 1
+    assert "has no config.json" in capsys.readouterr().err
+
+
+def test_help_explains_commands(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "inspect" in out and "presets" in out and "coverage" in out
+    assert main(["presets"]) == 0
+    assert "mamba-130m" in capsys.readouterr().out

@@ -1,0 +1,82 @@
+"""ssmcc.compile(target="torch"): call surface, report, target errors, lowering coverage."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import ssmcc
+from ssmcc.errors import InputError, LoweringError
+from ssmcc.lowering import coverage, lower
+from ssmcc.lowering.torch import lower_to_torch
+from ssmcc.ops import SSMCC_OPS
+
+from .conftest import make_hf_model
+
+
+@pytest.fixture(scope="module", params=["mamba", "falcon_mamba"])
+def model_and_compiled(request):
+    model = make_hf_model(request.param)
+    return model, ssmcc.compile(model, target="torch", verify=True)
+
+
+@pytest.mark.parametrize("batch,length", [(1, 1), (3, 7), (2, 130)])
+def test_compiled_logits_match_eager(model_and_compiled, batch, length):
+    model, compiled = model_and_compiled
+    ids = torch.randint(0, model.config.vocab_size, (batch, length))
+    with torch.no_grad():
+        expected = model(ids).logits
+    assert (compiled(ids) - expected).abs().max() <= 1e-4
+
+
+def test_report_describes_capture_and_passes(model_and_compiled):
+    model, compiled = model_and_compiled
+    report = compiled.report
+    layers = model.config.num_hidden_layers
+    assert report.target == "torch" and compiled.target == "torch"
+    assert report.op_counts == {"causal_conv1d": layers, "selective_scan": layers}
+    assert report.passes_run == ["canonicalize", "eliminate_dead_code"]
+    assert report.rule_hits["eliminate_dead_code.dead_node"] == 2 * layers  # unused final states
+    assert report.node_count == len(compiled.program.graph.nodes) < report.capture.node_count
+    text = report.format()
+    assert f"SSM layers:     {layers}" in text and "seq[1,inf]" in text
+    assert json.loads(report.to_json())["capture"]["routes"] == report.capture.routes
+
+
+def test_unbuilt_and_unknown_targets_are_refused_clearly():
+    model = make_hf_model("mamba", num_hidden_layers=1)
+    with pytest.raises(InputError, match="target 'onnx' is not available in this version"):
+        ssmcc.compile(model, target="onnx")
+    with pytest.raises(InputError, match="unknown target 'cuda'; available: torch"):
+        ssmcc.compile(model, target="cuda")
+    program = ssmcc.capture(model, (torch.zeros(2, 4, dtype=torch.long),))
+    with pytest.raises(LoweringError, match="target 'triton' is not available"):
+        lower(program, "triton")
+
+
+def test_lowering_names_an_op_without_emitter(monkeypatch):
+    from ssmcc.lowering.torch import lower as torch_lower
+
+    model = make_hf_model("mamba", num_hidden_layers=1)
+    program = ssmcc.capture(model, (torch.zeros(2, 4, dtype=torch.long),))
+    table = dict(torch_lower.TORCH_TABLE)
+    del table["selective_scan"]
+    monkeypatch.setattr(torch_lower, "TORCH_TABLE", table)
+    with pytest.raises(
+        LoweringError,
+        match="backend 'torch' has no emitter for op "
+        "ssmcc.selective_scan \\(node selective_scan\\)",
+    ):
+        lower_to_torch(program)
+
+
+def test_coverage_lists_every_op_for_every_backend():
+    rows = coverage()
+    backends = {"torch", "onnx", "triton", "tensorrt"}
+    assert {(r["op"], r["backend"]) for r in rows} == {
+        (op, b) for op in SSMCC_OPS for b in backends
+    }
+    assert all(r["status"] == "supported" for r in rows if r["backend"] == "torch")
+    assert all(r["detail"] for r in rows)
