@@ -1,0 +1,181 @@
+"""The contenders: one model, several ways to run it. Each ``prepare`` returns a ``Runner``.
+
+A runner answers ``prefill(ids) -> logits`` and ``generate(ids, new_tokens) -> ids``, and
+carries ``info`` (preparation time, graph nodes, artifact size, whether it runs at another
+length). A suite a contender cannot run raises ``Unsupported`` with the reason (the row's note).
+Later issues add ssmcc targets here (one entry each).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+class Unsupported(Exception):
+    """This contender cannot run this suite; the message says why."""
+
+
+@dataclasses.dataclass
+class Runner:
+    prefill: Callable[[torch.Tensor], torch.Tensor]
+    generate: Callable[[torch.Tensor, int], torch.Tensor] | None = None
+    info: dict = dataclasses.field(default_factory=dict)
+
+    def require_generate(self, contender: str):
+        if self.generate is None:
+            raise Unsupported(f"{contender} has no decode path")
+        return self.generate
+
+
+def _hf_generate(model: nn.Module):
+    def generate(ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        return model.generate(
+            ids,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+
+    return generate
+
+
+def prepare_hf_eager(model: nn.Module, ctx: dict) -> Runner:
+    @torch.inference_mode()
+    def prefill(ids):
+        return model(input_ids=ids, use_cache=False).logits
+
+    return Runner(
+        prefill,
+        torch.inference_mode()(_hf_generate(model)),
+        {"prepare_s": 0.0, "runs_other_length": True},
+    )
+
+
+def prepare_torch_compile(model: nn.Module, ctx: dict) -> Runner:
+    """Inductor on the HF model; the first call (compile) is timed as preparation."""
+    compiled_forward = torch.compile(model.forward)
+
+    @torch.inference_mode()
+    def prefill(ids):
+        return compiled_forward(input_ids=ids, use_cache=False).logits
+
+    first = torch.zeros(ctx["batch"], ctx["first_length"], dtype=torch.long)
+    started = time.perf_counter()
+    prefill(first)
+    info = {
+        "prepare_s": time.perf_counter() - started,
+        "prepare_what": f"first call (compile) at length {ctx['first_length']}",
+        "runs_other_length": "recompiles per length",
+    }
+
+    @torch.inference_mode()
+    def generate(ids, new_tokens):
+        original = model.forward
+        model.forward = compiled_forward
+        try:
+            return _hf_generate(model)(ids, new_tokens)
+        finally:
+            model.forward = original
+
+    return Runner(prefill, generate, info)
+
+
+def _onnx_size_mb(path: str) -> float:
+    folder = os.path.dirname(path)
+    return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)) / 1e6
+
+
+def prepare_torch_onnx(model: nn.Module, ctx: dict) -> Runner:
+    """``torch.onnx.export(dynamo=True)`` with dynamic batch/seq requested, run in onnxruntime."""
+    import onnx
+    import onnxruntime as ort
+
+    from ssmcc.capture.export import CausalLMLogits
+
+    length = ctx["export_length"]
+    folder = tempfile.mkdtemp(prefix="bench-torch-onnx-")
+    path = os.path.join(folder, "model.onnx")
+    example = torch.zeros(2, length, dtype=torch.long)
+    dims = {"input_ids": {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}}
+    started = time.perf_counter()
+    torch.onnx.export(
+        CausalLMLogits(model),
+        (example,),
+        path,
+        dynamo=True,
+        dynamic_shapes=dims,
+        external_data=True,
+        verbose=False,
+    )
+    export_s = time.perf_counter() - started
+    nodes = len(onnx.load(path, load_external_data=False).graph.node)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = ctx["threads"]
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+
+    def prefill(ids):
+        return session.run(None, {name: ids.numpy()})[0]
+
+    try:
+        prefill(torch.zeros(1, length + 7, dtype=torch.long))
+        other = True
+    except Exception as error:  # onnxruntime raises its own exception types
+        other = f"no: {str(error).splitlines()[0][:160]}"
+    info = {
+        "prepare_s": export_s,
+        "prepare_what": f"torch.onnx.export at length {length}",
+        "nodes": nodes,
+        "artifact_MB": _onnx_size_mb(path),
+        "runs_other_length": other,
+    }
+    return Runner(prefill, None, info)
+
+
+def prepare_ssmcc_torch(model: nn.Module, ctx: dict) -> Runner:
+    import ssmcc
+
+    started = time.perf_counter()
+    compiled = ssmcc.compile(model, target="torch")
+    info = {
+        "prepare_s": time.perf_counter() - started,
+        "prepare_what": "ssmcc.compile",
+        "nodes": compiled.report.node_count,
+        "runs_other_length": True,
+    }
+    return Runner(compiled, None, info)
+
+
+def prepare_debug_fail(model: nn.Module, ctx: dict) -> Runner:
+    """Harness self-test: a contender whose preparation raises."""
+    raise RuntimeError("debug-fail: this contender always fails (harness self-test)")
+
+
+def prepare_debug_hang(model: nn.Module, ctx: dict) -> Runner:
+    """Harness self-test: a contender that never finishes (the time limit must end it)."""
+    while True:
+        time.sleep(1)
+
+
+# Suites a contender cannot run at all, known before preparing it (no export spent to learn it).
+UNSUPPORTED_SUITES: dict[str, dict[str, str]] = {
+    "torch-onnx": {"decode": "torch.onnx export has no state inputs/outputs: no decode graph"},
+    "ssmcc-torch": {"decode": "ssmcc has no step graph yet (recurrent step: issue 5)"},
+}
+
+CONTENDERS: dict[str, Callable[[nn.Module, dict], Runner]] = {
+    "hf-eager": prepare_hf_eager,
+    "torch-compile": prepare_torch_compile,
+    "torch-onnx": prepare_torch_onnx,
+    "ssmcc-torch": prepare_ssmcc_torch,
+}
+DEBUG_CONTENDERS = {"debug-fail": prepare_debug_fail, "debug-hang": prepare_debug_hang}

@@ -1,0 +1,169 @@
+"""One (contender, suite) measurement in its own process: ``python -m benchmarks.worker SPEC``.
+
+SPEC is JSON (see ``run.py``). The result is printed as one line ``BENCH_RESULT {json}``; the
+process's peak RSS is its own, so memory figures are not polluted by other contenders.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+import warnings
+
+import torch
+
+from benchmarks.contenders import (
+    CONTENDERS,
+    DEBUG_CONTENDERS,
+    UNSUPPORTED_SUITES,
+    Runner,
+    Unsupported,
+)
+from benchmarks.stats import invert, summarize, time_calls
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak RSS (VmHWM). Not ``ru_maxrss``: that survives exec, so a child would
+    report its parent's peak."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _reset_peak_rss() -> None:
+    """Reset VmHWM to the current RSS (Linux ``clear_refs`` 5): the next peak is the prefill's."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        pass
+
+
+def _current_rss_bytes() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def _ids(spec: dict, batch: int, length: int, salt: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(spec["seed"] + salt)
+    return torch.randint(0, spec["vocab_size"], (batch, length), generator=generator)
+
+
+def _row(spec: dict, **fields) -> dict:
+    return {"suite": spec["suite"], "contender": spec["contender"], **fields}
+
+
+def run_prefill(spec: dict, runner: Runner) -> list[dict]:
+    rows = []
+    for length in spec["lengths"]:
+        tokens = spec["batch"] * length
+        try:
+            ids = _ids(spec, spec["batch"], length, length)
+            seconds = summarize(time_calls(lambda ids=ids: runner.prefill(ids), spec["repeats"]))
+            rows.append(
+                _row(
+                    spec,
+                    batch=spec["batch"],
+                    length=length,
+                    seconds=seconds,
+                    tokens_per_s=invert(seconds, tokens),
+                )
+            )
+        except Exception as error:
+            rows.append(
+                _row(
+                    spec,
+                    batch=spec["batch"],
+                    length=length,
+                    error=f"{type(error).__name__}: {str(error).splitlines()[0][:200]}",
+                )
+            )
+    return rows
+
+
+def run_decode(spec: dict, runner: Runner) -> list[dict]:
+    generate = runner.require_generate(spec["contender"])
+    batch, new = spec["batch"], spec["new_tokens"]
+    ids = _ids(spec, batch, spec["prompt_length"])
+    ttft = summarize(time_calls(lambda: generate(ids, 1), spec["repeats"]))
+    total = summarize(time_calls(lambda: generate(ids, new), spec["repeats"]))
+    per_token = {k: (total[k] - ttft[k]) / (new - 1) for k in ("min", "median", "max")}
+    per_token["n"] = total["n"]
+    return [
+        _row(
+            spec,
+            batch=batch,
+            prompt_length=spec["prompt_length"],
+            new_tokens=new,
+            ttft_s=ttft,
+            ms_per_token={k: v * 1e3 if k != "n" else v for k, v in per_token.items()},
+            tokens_per_s=invert(per_token, batch),
+        )
+    ]
+
+
+def run_memory(spec: dict, runner: Runner) -> list[dict]:
+    (length,) = spec["lengths"]
+    ids = _ids(spec, spec["batch"], length)
+    peak_while_preparing = _peak_rss_bytes()
+    baseline = _current_rss_bytes()
+    _reset_peak_rss()
+    runner.prefill(ids)
+    peak = _peak_rss_bytes()
+    return [
+        _row(
+            spec,
+            batch=spec["batch"],
+            length=length,
+            rss_before_MB=baseline / 1e6,
+            peak_rss_MB=peak / 1e6,
+            peak_while_preparing_MB=peak_while_preparing / 1e6,
+            prefill_extra_MB=max(0, peak - baseline) / 1e6,
+        )
+    ]
+
+
+def run_export(spec: dict, runner: Runner) -> list[dict]:
+    return [_row(spec, **runner.info)]
+
+
+SUITES = {"prefill": run_prefill, "decode": run_decode, "memory": run_memory, "export": run_export}
+
+
+def main(spec: dict) -> dict:
+    reason = UNSUPPORTED_SUITES.get(spec["contender"], {}).get(spec["suite"])
+    if reason:
+        return {"rows": [_row(spec, note=reason)], "wall_s": 0.0}
+    warnings.filterwarnings("ignore")
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    torch.set_num_threads(spec["threads"])
+    from ssmcc.presets import build_preset
+
+    model = build_preset(spec["model"], seed=spec["seed"])
+    spec["vocab_size"] = model.config.vocab_size
+    prepare = {**CONTENDERS, **DEBUG_CONTENDERS}[spec["contender"]]
+    started = time.perf_counter()
+    ctx = {
+        "batch": spec["batch"],
+        "threads": spec["threads"],
+        "export_length": spec["export_length"],
+        "first_length": spec["lengths"][0],
+    }
+    try:
+        runner = prepare(model, ctx)
+        rows = SUITES[spec["suite"]](spec, runner)
+    except Unsupported as reason:
+        rows = [_row(spec, note=str(reason))]
+    return {"rows": rows, "wall_s": time.perf_counter() - started}
+
+
+if __name__ == "__main__":
+    result = main(json.loads(sys.argv[1]))
+    print("BENCH_RESULT " + json.dumps(result), flush=True)

@@ -1,0 +1,38 @@
+"""The benchmark harness itself: one command gives a table and JSON; a failing or hanging
+contender becomes an error row and the others still run."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_harness_survives_failing_and_hanging_contenders(tmp_path):
+    command = [
+        sys.executable, "-m", "benchmarks.run", "--small", "--suite", "prefill",
+        "--contenders", "debug-hang,hf-eager,debug-fail,ssmcc-torch", "--lengths", "8,24",
+        "--repeats", "2", "--timeout", "20", "--out", str(tmp_path),
+    ]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "results.json").read_text())
+    rows = {(r["suite"], r["contender"], r.get("length")): r for r in result["rows"]}
+
+    assert rows[("prefill", "debug-hang", None)]["error"] == "timeout after 20s"
+    assert "always fails" in rows[("prefill", "debug-fail", None)]["error"]
+    for contender in ("hf-eager", "ssmcc-torch"):
+        for length in (8, 24):
+            tps = rows[("prefill", contender, length)]["tokens_per_s"]
+            assert tps["min"] <= tps["median"] <= tps["max"] and tps["n"] == 2
+    assert rows[("prefill", "hf-eager", 8)]["vs_baseline"] == 1.0
+    assert 0 < rows[("prefill", "ssmcc-torch", 24)]["of_bound"] < 1
+    for bound in ("read_bandwidth_GBps", "matmul_GFLOPs"):
+        figure = result["machine"][bound]
+        assert 0 < figure["min"] <= figure["median"] <= figure["max"]
+    assert result["bounds"]["prefill_bound_tok_s"] > 0
+    assert "== prefill ==" in done.stdout and "timeout after 20s" in done.stdout
+    assert (tmp_path / "prefill_tokens_per_s.png").stat().st_size > 1000
