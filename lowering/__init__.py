@@ -1,10 +1,12 @@
 """Lowering: from the ssmcc IR to a backend, through one table of emitters per backend."""
 
 from ssmcc.errors import LoweringError
+from ssmcc.lowering.onnx import lower_to_onnx
 from ssmcc.lowering.table import PLANNED_BACKENDS, TABLES, coverage
 from ssmcc.lowering.torch import lower_to_torch
 
-TARGETS = {"torch": lower_to_torch}
+# target -> lowering function: torch gives an nn.Module, onnx an onnx.ModelProto.
+TARGETS = {"torch": lower_to_torch, "onnx": lower_to_onnx}
 
 
 def lower(program, target: str):

@@ -24,7 +24,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {}
 
 # Backends the design card names that this version does not build yet, with the reason.
 PLANNED_BACKENDS: dict[str, str] = {
-    "onnx": "the ONNX target is not built yet (ssmcc-domain nodes + portable function bodies)",
     "triton": "the Triton target is not built yet",
     "tensorrt": "the TensorRT target is not built yet (needs the ONNX target first)",
 }

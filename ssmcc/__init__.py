@@ -10,6 +10,7 @@ from ssmcc.capture import CaptureReport, capture, capture_with_report
 from ssmcc.compile_api import compile
 from ssmcc.compiled import CompiledModel, CompileReport
 from ssmcc.errors import CaptureError, InputError, LoweringError, PassError, SSMCCError
+from ssmcc.onnx_target import load
 
 __version__ = "0.1.0"
 
@@ -26,4 +27,5 @@ __all__ = [
     "capture",
     "capture_with_report",
     "compile",
+    "load",
 ]

@@ -12,9 +12,11 @@ from ssmcc.capture.report import ssmcc_op_counts
 from ssmcc.compiled import CompiledModel, CompileReport
 from ssmcc.errors import InputError
 from ssmcc.lowering import PLANNED_BACKENDS, TARGETS, lower
+from ssmcc.onnx_target import compile_to_onnx, keep_workdir_until_collected
 from ssmcc.passes import PassContext, pipeline, run_passes, verify_program
 
 DEFAULT_EXAMPLE_LENGTH = 16
+COMPILE_TARGETS = tuple(TARGETS)
 
 
 def default_example_ids(vocab_size: int, length: int = DEFAULT_EXAMPLE_LENGTH) -> torch.Tensor:
@@ -36,8 +38,8 @@ def compile(
     for tracing (default: 2 x 16 ids); for any other module, required, as for ``torch.export``.
     ``verify``: run the IR verifier after every pass (always run once at the end).
     """
-    if target not in TARGETS:
-        available = ", ".join(TARGETS)
+    if target not in COMPILE_TARGETS:
+        available = ", ".join(COMPILE_TARGETS)
         if target in PLANNED_BACKENDS:
             raise InputError(
                 f"target {target!r} is not available in this version ({PLANNED_BACKENDS[target]}); "
@@ -59,7 +61,16 @@ def compile(
         captured, pipeline(pipeline_name), PassContext(verify=verify)
     )
     verify_program(program, after=f"pipeline {pipeline_name}")
-    runner = lower(program, target)
+    manifest = artifact_dir = workdir = None
+    if target == "onnx":
+        extra = {
+            "model": type(model).__name__,
+            "vocab_size": vocab_size,
+            "ssmcc_ops": ssmcc_op_counts(program),
+        }
+        runner, manifest, artifact_dir, workdir = compile_to_onnx(program, extra)
+    else:
+        runner = lower(program, target)
     report = CompileReport(
         target=target,
         capture=capture_report,
@@ -70,4 +81,16 @@ def compile(
         op_counts=ssmcc_op_counts(program),
         compile_seconds=round(time.perf_counter() - started, 3),
     )
-    return CompiledModel(program, runner, report, vocab_size, token_model)
+    compiled = CompiledModel(
+        runner,
+        target,
+        vocab_size,
+        token_model,
+        program=program,
+        report=report,
+        manifest=manifest,
+        artifact_dir=artifact_dir,
+    )
+    if workdir is not None:
+        keep_workdir_until_collected(compiled, workdir)
+    return compiled

@@ -6,11 +6,11 @@ import dataclasses
 import json
 
 import torch
-from torch import nn
 from torch.export import ExportedProgram
 
 from ssmcc.capture.inputs import check_token_ids
 from ssmcc.capture.report import CaptureReport
+from ssmcc.errors import SSMCCError
 
 
 @dataclasses.dataclass
@@ -59,25 +59,42 @@ class CompileReport:
 class CompiledModel:
     """A model compiled by ssmcc for one target.
 
-    Call it like the model: ``compiled(input_ids) -> logits`` for a Hugging Face causal LM (ids are
+    Call it like the model: ``compiled(input_ids) -> logits`` for a language model (ids are
     checked before anything runs), or ``compiled(*example-like inputs)`` for a captured module.
-    ``program`` is the IR after passes; ``report`` says what capture and the passes did.
+    ``program`` is the IR after passes and ``report`` says what capture and the passes did (both
+    None for a model opened with ``ssmcc.load``); ``manifest`` describes a saved artifact (ONNX).
     """
 
     def __init__(
         self,
-        program: ExportedProgram,
-        runner: nn.Module,
-        report: CompileReport,
+        runner,
+        target: str,
         vocab_size: int | None,
         token_model: bool,
+        program: ExportedProgram | None = None,
+        report: CompileReport | None = None,
+        manifest: dict | None = None,
+        artifact_dir: str | None = None,
     ):
         self.program = program
         self.report = report
-        self.target = report.target
+        self.manifest = manifest
+        self.target = target
         self.vocab_size = vocab_size
+        self.artifact_dir = artifact_dir
         self._runner = runner
         self._token_model = token_model
+
+    @classmethod
+    def from_artifact(cls, runner, manifest: dict, artifact_dir: str) -> CompiledModel:
+        return cls(
+            runner,
+            manifest["target"],
+            manifest.get("vocab_size"),
+            manifest.get("vocab_size") is not None,
+            manifest=manifest,
+            artifact_dir=artifact_dir,
+        )
 
     @torch.inference_mode()
     def __call__(self, *args):
@@ -87,7 +104,20 @@ class CompiledModel:
             return self._runner(check_token_ids(args[0], self.vocab_size))
         return self._runner(*args)
 
+    def save(self, out_dir: str, overwrite: bool = False) -> None:
+        """Write the artifact directory (model files + manifest.json), atomically."""
+        if self.artifact_dir is None:
+            raise SSMCCError(
+                f"target {self.target!r} has no saved form yet; compile with target='onnx' "
+                "to get a deployable artifact"
+            )
+        from ssmcc.onnx_target import copy_artifact
+
+        copy_artifact(self.artifact_dir, out_dir, overwrite)
+
     def __repr__(self) -> str:
+        if self.report is None:
+            return f"CompiledModel(target={self.target}, artifact={self.artifact_dir})"
         return (
             f"CompiledModel(model={self.report.capture.model}, target={self.target}, "
             f"nodes={self.report.node_count}, ops={self.report.op_counts})"

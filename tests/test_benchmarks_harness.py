@@ -13,9 +13,22 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 
 def test_harness_survives_failing_and_hanging_contenders(tmp_path):
     command = [
-        sys.executable, "-m", "benchmarks.run", "--small", "--suite", "prefill",
-        "--contenders", "debug-hang,hf-eager,debug-fail,ssmcc-torch", "--lengths", "8,24",
-        "--repeats", "2", "--timeout", "20", "--out", str(tmp_path),
+        sys.executable,
+        "-m",
+        "benchmarks.run",
+        "--small",
+        "--suite",
+        "prefill",
+        "--contenders",
+        "debug-hang,hf-eager,debug-fail,ssmcc-torch",
+        "--lengths",
+        "8,24",
+        "--repeats",
+        "2",
+        "--timeout",
+        "20",
+        "--out",
+        str(tmp_path),
     ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-2000:]

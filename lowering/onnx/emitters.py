@@ -1,0 +1,81 @@
+"""ONNX emitters for the ssmcc ops: one ``ssmcc``-domain node per op.
+
+Each emitter is a torch.onnx translation function (traced by onnxscript): it normalises the op's
+arguments to the fixed-arity ONNX form of ``schemas.py`` — zeros for absent ``D``, ``delta_bias``,
+``bias`` and states, B/C as (b, g, n, l), ``has_z``/``activation`` attributes — and emits exactly
+one custom node. The table ``ONNX_TABLE`` maps op name -> emitter.
+"""
+
+from __future__ import annotations
+
+import onnx
+import onnxscript
+from onnx import helper
+from onnxscript import opset18 as op
+
+from ssmcc.lowering.onnx.schemas import ACTIVATIONS, DOMAIN, VERSION
+from ssmcc.lowering.table import Emitter
+
+SSMCC = onnxscript.values.Opset(DOMAIN, VERSION)
+_ZERO = helper.make_tensor("value", onnx.TensorProto.FLOAT, [1], [0.0])
+
+
+def _zeros(*dims):
+    """Float zeros of a shape given as 1-element int64 tensors."""
+    return op.ConstantOfShape(op.Concat(*dims, axis=0), value=_ZERO)
+
+
+def _dim(tensor, axis: int):
+    return op.Shape(tensor, start=axis, end=axis + 1)
+
+
+def _grouped(tensor):
+    """(b, n, l) -> (b, 1, n, l); (b, g, n, l) unchanged."""
+    return op.Unsqueeze(tensor, [1]) if len(tensor.shape) == 3 else tensor
+
+
+def emit_selective_scan(
+    u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial_state=None
+):
+    if D is None:
+        D = _zeros(_dim(A, 0))
+    if delta_bias is None:
+        delta_bias = _zeros(_dim(A, 0))
+    if initial_state is None:
+        initial_state = _zeros(_dim(u, 0), _dim(u, 1), _dim(A, 1))
+    has_z = z is not None
+    return SSMCC.SelectiveScan(
+        u,
+        delta,
+        A,
+        _grouped(B),
+        _grouped(C),
+        D,
+        z if has_z else u,
+        delta_bias,
+        initial_state,
+        delta_softplus=int(bool(delta_softplus)),
+        has_z=int(has_z),
+        _outputs=2,
+    )
+
+
+def emit_causal_conv1d(x, weight, bias=None, initial_state=None, activation=None):
+    if bias is None:
+        bias = _zeros(_dim(weight, 0))
+    if initial_state is None:
+        width_minus_one = op.Sub(_dim(weight, 1), op.Constant(value_ints=[1]))
+        initial_state = _zeros(_dim(x, 0), _dim(x, 1), width_minus_one)
+    return SSMCC.CausalConv1d(
+        x, weight, bias, initial_state, activation=ACTIVATIONS[activation], _outputs=2
+    )
+
+
+ONNX_TABLE: dict[str, Emitter] = {
+    "selective_scan": Emitter("ssmcc.SelectiveScan node + portable Scan body", emit_selective_scan),
+    "causal_conv1d": Emitter("ssmcc.CausalConv1d node + portable body", emit_causal_conv1d),
+}
+ONNX_UNSUPPORTED = {
+    "selective_state_update": "step ops reach ONNX with the decode graph (recurrent step: issue 5)",
+    "causal_conv1d_update": "step ops reach ONNX with the decode graph (recurrent step: issue 5)",
+}

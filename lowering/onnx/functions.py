@@ -1,0 +1,206 @@
+"""Portable bodies of the ssmcc ONNX ops: model-local functions built from standard ONNX ops.
+
+Any ONNX runtime runs a model that carries them; ONNX Runtime inlines a function when no kernel is
+registered for its domain/op, and prefers a registered custom-op kernel when there is one.
+
+``SelectiveScan`` (math in ``ssmcc.ops.selective_scan``)::
+
+    dt  = delta + delta_bias[:, None];  dt = Softplus(dt) if delta_softplus
+    h_t = Exp(dt_t[..., None] * A) * h_{t-1} + (dt_t * u_t)[..., None] * B_t    # ONNX Scan over l
+    y_t = ReduceSum(h_t * C_t, n)
+    out = y + D[:, None] * u;  out = out * z * Sigmoid(z) if has_z
+
+B_t and C_t (b, g, n) are broadcast to channels inside the loop body (b, g, d/g, n) -> (b, d, n),
+so no (b, d, n, l) tensor is ever materialised. ``CausalConv1d``: ``xs = Concat(state, x)``;
+``out = sum_j weight[:, j] * xs[:, :, j : j + l] + bias`` (k unrolled), silu when asked; the final
+state is the last k-1 columns of ``xs``.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import TensorProto, helper
+
+from ssmcc.lowering.onnx.schemas import DOMAIN
+
+INT64_MAX = 2**63 - 1
+
+
+class _Body:
+    """Collects nodes with unique output names."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.nodes: list[onnx.NodeProto] = []
+        self.count = 0
+
+    def op(self, op_type: str, *inputs: str, outputs: int = 1, **attrs) -> str | list[str]:
+        names = [f"{self.prefix}_{op_type.lower()}_{self.count}_{i}" for i in range(outputs)]
+        self.count += 1
+        self.nodes.append(helper.make_node(op_type, list(inputs), names, **attrs))
+        return names[0] if outputs == 1 else names
+
+    def const(self, values: list[int]) -> str:
+        tensor = helper.make_tensor("value", TensorProto.INT64, [len(values)], values)
+        return self.op("Constant", value=tensor)
+
+    def attr_flag(self, attribute: str) -> str:
+        """A bool scalar from an int attribute of the function (``ref_attr_name``)."""
+        name = f"{self.prefix}_flag_{attribute}"
+        node = helper.make_node("Constant", [], [name])
+        node.attribute.append(
+            onnx.AttributeProto(
+                name="value_int", type=onnx.AttributeProto.INT, ref_attr_name=attribute
+            )
+        )
+        self.nodes.append(node)
+        return self.op("Cast", name, to=TensorProto.BOOL)
+
+    def select(
+        self, flag: str, then_value: str, else_value: str, then_nodes, else_nodes, output: str
+    ) -> None:
+        """``output = flag ? then_value : else_value``; each branch computes its own value."""
+        then_graph = helper.make_graph(
+            then_nodes, f"{output}_then", [], [helper.make_value_info(then_value, onnx.TypeProto())]
+        )
+        else_graph = helper.make_graph(
+            else_nodes, f"{output}_else", [], [helper.make_value_info(else_value, onnx.TypeProto())]
+        )
+        self.nodes.append(
+            helper.make_node("If", [flag], [output], then_branch=then_graph, else_branch=else_graph)
+        )
+
+
+def _dim(body: _Body, tensor: str, axis: int) -> str:
+    return body.op("Shape", tensor, start=axis, end=axis + 1)
+
+
+def selective_scan_function(opset: int) -> onnx.FunctionProto:
+    """The body for a model whose default-domain opset is ``opset`` (>= 18)."""
+    body = _Body("ss")
+    inputs = ["u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state"]
+    # dt = delta + bias, then softplus when asked
+    dt_raw = body.op("Add", "delta", body.op("Unsqueeze", "delta_bias", body.const([1])))
+    softplus_flag = body.attr_flag("delta_softplus")
+    body.select(
+        softplus_flag,
+        "dt_soft",
+        "dt_plain",
+        [helper.make_node("Softplus", [dt_raw], ["dt_soft"])],
+        [helper.make_node("Identity", [dt_raw], ["dt_plain"])],
+        "dt",
+    )
+    # shapes for broadcasting B_t / C_t (b, g, n) to (b, d, n) inside the loop
+    b, d = _dim(body, "u", 0), _dim(body, "u", 1)
+    g, n = _dim(body, "B", 1), _dim(body, "A", 1)
+    one = body.const([1])
+    per_group = body.op("Div", d, g)
+    grouped_shape = body.op("Concat", b, g, one, n, axis=0)
+    expanded_shape = body.op("Concat", b, g, per_group, n, axis=0)
+    channel_shape = body.op("Concat", b, d, n, axis=0)
+
+    step_nodes = []
+
+    def step(op_type, *ins, **attrs):
+        name = f"step_{op_type.lower()}_{len(step_nodes)}"
+        step_nodes.append(helper.make_node(op_type, list(ins), [name], **attrs))
+        return name
+
+    def per_channel(value):
+        grouped = step("Reshape", value, grouped_shape)
+        return step("Reshape", step("Expand", grouped, expanded_shape), channel_shape)
+
+    axis2 = step("Constant", value=helper.make_tensor("v", TensorProto.INT64, [1], [2]))
+    decay = step("Exp", step("Mul", step("Unsqueeze", "dt_t", axis2), "A"))
+    drive = step("Mul", step("Unsqueeze", step("Mul", "dt_t", "u_t"), axis2), per_channel("B_t"))
+    step_nodes.append(helper.make_node("Add", [step("Mul", decay, "h_prev"), drive], ["h_next"]))
+    weighted = step("Mul", "h_next", per_channel("C_t"))
+    step_nodes.append(helper.make_node("ReduceSum", [weighted, axis2], ["y_t"], keepdims=0))
+    untyped = onnx.TypeProto()
+    step_graph = helper.make_graph(
+        step_nodes,
+        "selective_scan_step",
+        [helper.make_value_info(name, untyped) for name in ("h_prev", "u_t", "dt_t", "B_t", "C_t")],
+        [helper.make_value_info(name, untyped) for name in ("h_next", "y_t")],
+    )
+    body.nodes.append(
+        helper.make_node(
+            "Scan",
+            ["initial_state", "u", "dt", "B", "C"],
+            ["last_state", "y_scan"],
+            body=step_graph,
+            num_scan_inputs=4,
+            scan_input_axes=[2, 2, 3, 3],
+            scan_output_axes=[2],
+        )
+    )
+    skip = body.op("Mul", body.op("Unsqueeze", "D", body.const([1])), "u")
+    y = body.op("Add", "y_scan", skip)
+    gate_flag = body.attr_flag("has_z")
+    body.select(
+        gate_flag,
+        "gated",
+        "ungated",
+        [
+            helper.make_node("Sigmoid", ["z"], ["z_sig"]),
+            helper.make_node("Mul", ["z", "z_sig"], ["z_silu"]),
+            helper.make_node("Mul", [y, "z_silu"], ["gated"]),
+        ],
+        [helper.make_node("Identity", [y], ["ungated"])],
+        "y_gated",
+    )
+    body.nodes.append(helper.make_node("CastLike", ["y_gated", "u"], ["out"]))
+    return helper.make_function(
+        DOMAIN,
+        "SelectiveScan",
+        inputs,
+        ["out", "last_state"],
+        body.nodes,
+        [helper.make_opsetid("", opset)],
+        attributes=["delta_softplus", "has_z"],
+    )
+
+
+def causal_conv1d_function(opset: int, width: int) -> onnx.FunctionProto:
+    """The body for kernel width ``width`` (the k loop is unrolled), default-domain ``opset``."""
+    body = _Body("cc")
+    xs = body.op("Concat", "initial_state", "x", axis=2)
+    length = _dim(body, "x", 2)
+    axis2, axis1 = body.const([2]), body.const([1])
+    total = None
+    for j in range(width):
+        start = body.const([j])
+        window = body.op("Slice", xs, start, body.op("Add", start, length), axis2)
+        tap = body.op("Gather", "weight", body.const([j]), axis=1)  # (d, 1)
+        term = body.op("Mul", body.op("Reshape", tap, body.const([1, -1, 1])), window)
+        total = term if total is None else body.op("Add", total, term)
+    pre = body.op("Add", total, body.op("Unsqueeze", "bias", axis1))
+    silu_flag = body.attr_flag("activation")
+    body.select(
+        silu_flag,
+        "act_silu",
+        "act_none",
+        [
+            helper.make_node("Sigmoid", [pre], ["pre_sig"]),
+            helper.make_node("Mul", [pre, "pre_sig"], ["act_silu"]),
+        ],
+        [helper.make_node("Identity", [pre], ["act_none"])],
+        "activated",
+    )
+    body.nodes.append(helper.make_node("CastLike", ["activated", "x"], ["out"]))
+    xs_len = _dim(body, xs, 2)
+    state_start = body.op("Sub", xs_len, body.const([width - 1]))
+    body.nodes.append(
+        helper.make_node(
+            "Slice", [xs, state_start, body.const([INT64_MAX]), axis2], ["final_state"]
+        )
+    )
+    return helper.make_function(
+        DOMAIN,
+        "CausalConv1d",
+        ["x", "weight", "bias", "initial_state"],
+        ["out", "final_state"],
+        body.nodes,
+        [helper.make_opsetid("", opset)],
+        attributes=["activation"],
+    )

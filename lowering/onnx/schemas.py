@@ -1,0 +1,86 @@
+"""ONNX schemas of the ``ssmcc`` domain (version 1), registered with ``onnx.defs``.
+
+The ONNX form of each op has a fixed arity so that its portable function body (``functions.py``)
+never meets an absent input: the emitters materialise neutral values (zeros) for absent ``D``,
+``delta_bias``, ``bias`` and states, and pass ``has_z = 0`` with ``u`` standing in for an absent
+gate. Shapes (b batch, d channels, l length, g groups, n state, k conv width)::
+
+    SelectiveScan(u[b,d,l], delta[b,d,l], A[d,n], B[b,g,n,l], C[b,g,n,l], D[d], z[b,d,l],
+                  delta_bias[d], initial_state[b,d,n]; delta_softplus, has_z)
+        -> out[b,d,l], last_state[b,d,n]
+    CausalConv1d(x[b,d,l], weight[d,k], bias[d], initial_state[b,d,k-1]; activation)
+        -> out[b,d,l], final_state[b,d,k-1]
+
+``activation``: 0 identity, 1 silu. Registration is process-wide and idempotent.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx.defs import OpSchema
+
+DOMAIN = "ssmcc"
+VERSION = 1
+ACTIVATIONS = {None: 0, "silu": 1, "swish": 1}
+
+_FLOAT_TYPES = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
+
+
+def _inputs(names: list[tuple[str, str]]) -> list[OpSchema.FormalParameter]:
+    return [OpSchema.FormalParameter(name, "T", doc) for name, doc in names]
+
+
+def _int_attr(name: str, doc: str) -> OpSchema.Attribute:
+    return OpSchema.Attribute(name, OpSchema.AttrType.INT, doc, required=True)
+
+
+SCHEMAS = [
+    OpSchema(
+        "SelectiveScan",
+        DOMAIN,
+        VERSION,
+        doc="Mamba-1 selective scan (see ssmcc.ops.selective_scan).",
+        inputs=_inputs(
+            [
+                ("u", "(b, d, l)"),
+                ("delta", "(b, d, l)"),
+                ("A", "(d, n)"),
+                ("B", "(b, g, n, l)"),
+                ("C", "(b, g, n, l)"),
+                ("D", "(d,)"),
+                ("z", "(b, d, l); ignored when has_z = 0"),
+                ("delta_bias", "(d,)"),
+                ("initial_state", "(b, d, n)"),
+            ]
+        ),
+        outputs=_inputs([("out", "(b, d, l)"), ("last_state", "(b, d, n)")]),
+        type_constraints=[("T", _FLOAT_TYPES, "floating point")],
+        attributes=[
+            _int_attr("delta_softplus", "1: dt = softplus(delta + delta_bias)"),
+            _int_attr("has_z", "1: out = y * silu(z)"),
+        ],
+    ),
+    OpSchema(
+        "CausalConv1d",
+        DOMAIN,
+        VERSION,
+        doc="Depthwise causal conv over a sequence (see ssmcc.ops.causal_conv1d).",
+        inputs=_inputs(
+            [
+                ("x", "(b, d, l)"),
+                ("weight", "(d, k)"),
+                ("bias", "(d,)"),
+                ("initial_state", "(b, d, k-1)"),
+            ]
+        ),
+        outputs=_inputs([("out", "(b, d, l)"), ("final_state", "(b, d, k-1)")]),
+        type_constraints=[("T", _FLOAT_TYPES, "floating point")],
+        attributes=[_int_attr("activation", "0 identity, 1 silu")],
+    ),
+]
+
+
+def register_schemas() -> None:
+    for schema in SCHEMAS:
+        if not onnx.defs.has(schema.name, schema.domain):
+            onnx.defs.register_schema(schema)
