@@ -9,10 +9,10 @@ from ssmcc.lowering.torch import lower_to_torch
 TARGETS = {"torch": lower_to_torch, "onnx": lower_to_onnx}
 
 
-def lower(program, target: str):
+def lower(program, target: str, **options):
     """Lower ``program`` to ``target``; unknown or unbuilt targets raise ``LoweringError``."""
     if target in TARGETS:
-        return TARGETS[target](program)
+        return TARGETS[target](program, **options)
     if target in PLANNED_BACKENDS:
         raise LoweringError(
             f"target {target!r} is not available in this version: {PLANNED_BACKENDS[target]}. "

@@ -1,6 +1,8 @@
 """The ``ssmcc`` command line.
 
     ssmcc inspect MODEL          capture MODEL, run the passes, print the report
+    ssmcc compile MODEL --target onnx --out DIR
+                                 write a deployable artifact (model files + manifest.json)
     ssmcc presets                list the built-in models
     ssmcc coverage               which backend supports which ssmcc op
 
@@ -49,6 +51,41 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if args.graph:
         print()
         print(format_program(compiled.program), end="")
+    return 0
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    import os
+
+    import ssmcc
+    from ssmcc.compile_api import default_example_ids
+    from ssmcc.presets import load_model
+
+    if os.path.exists(args.out) and not args.overwrite:
+        print(
+            f"ssmcc: error: {args.out} already exists; pass --overwrite to replace it",
+            file=sys.stderr,
+        )
+        return 1
+    started = time.perf_counter()
+    _progress(f"loading {args.model}")
+    model = load_model(args.model)
+    _progress(f"compiling {type(model).__name__} for target {args.target}")
+    compiled = ssmcc.compile(
+        model,
+        target=args.target,
+        example_inputs=(default_example_ids(model.config.vocab_size, args.seq_len),),
+        kernels=args.kernels,
+    )
+    _progress(f"writing {args.out}")
+    compiled.save(args.out, overwrite=args.overwrite)
+    manifest = ssmcc.load(args.out, kernels="reference").manifest
+    total = sum(f["bytes"] for f in manifest["files"].values()) / 1e6
+    print(
+        f"wrote {args.out}: {', '.join(manifest['files'])} ({total:.1f} MB), "
+        f"inputs {manifest['inputs']}, ssmcc nodes {manifest['ssmcc_nodes']}"
+    )
+    _progress(f"done in {time.perf_counter() - started:.1f}s")
     return 0
 
 
@@ -107,6 +144,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--verify", action="store_true", help="run the IR verifier after every pass"
     )
     inspect.set_defaults(run=_cmd_inspect)
+
+    comp = commands.add_parser(
+        "compile",
+        help="compile a model into a deployable artifact directory",
+        description="Capture MODEL, run the passes, lower to TARGET and write DIR atomically: the "
+        "model files and manifest.json (inputs/outputs with symbolic dims, opset, versions, file "
+        "hashes). Nothing is left behind on failure; an existing DIR is kept unless --overwrite. "
+        "Load it back with ssmcc.load(DIR).",
+    )
+    comp.add_argument("model", metavar="MODEL", help="model directory or preset name")
+    comp.add_argument(
+        "--target",
+        default="onnx",
+        choices=["onnx"],
+        help="backend (default onnx; the torch target has no saved form yet)",
+    )
+    comp.add_argument("--out", required=True, metavar="DIR", help="artifact directory to write")
+    comp.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
+    comp.add_argument(
+        "--seq-len", type=int, default=16, help="example length used for tracing (default 16)"
+    )
+    comp.add_argument(
+        "--kernels",
+        default="auto",
+        choices=["auto", "reference"],
+        help="kernels used to check the compiled model (default auto)",
+    )
+    comp.set_defaults(run=_cmd_compile)
 
     presets = commands.add_parser(
         "presets", help="list the built-in models", description="List the built-in model presets."

@@ -31,13 +31,18 @@ def compile(
     *,
     pipeline_name: str = "default",
     verify: bool = False,
+    kernels: str = "auto",
 ) -> CompiledModel:
     """Compile ``model`` for ``target``.
 
     ``example_inputs``: for a Hugging Face causal LM, optional token ids (batch, length) used only
     for tracing (default: 2 x 16 ids); for any other module, required, as for ``torch.export``.
     ``verify``: run the IR verifier after every pass (always run once at the end).
+    ``kernels``: ``"auto"`` uses ssmcc's C++ kernels (torch ops; ONNX Runtime custom ops) when they
+    can be built here; ``"reference"`` runs the pure-PyTorch references / portable ONNX bodies.
     """
+    if kernels not in ("auto", "reference"):
+        raise InputError(f"kernels must be 'auto' or 'reference', got {kernels!r}")
     if target not in COMPILE_TARGETS:
         available = ", ".join(COMPILE_TARGETS)
         if target in PLANNED_BACKENDS:
@@ -68,9 +73,9 @@ def compile(
             "vocab_size": vocab_size,
             "ssmcc_ops": ssmcc_op_counts(program),
         }
-        runner, manifest, artifact_dir, workdir = compile_to_onnx(program, extra)
+        runner, manifest, artifact_dir, workdir = compile_to_onnx(program, extra, kernels)
     else:
-        runner = lower(program, target)
+        runner = lower(program, target, kernels=kernels)
     report = CompileReport(
         target=target,
         capture=capture_report,

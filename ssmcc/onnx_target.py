@@ -106,14 +106,14 @@ def build_onnx_artifact(program, out_dir: str, manifest_extra: dict, overwrite: 
     return write_artifact(out_dir, lambda folder: _write_model(model, folder), manifest, overwrite)
 
 
-def compile_to_onnx(program, manifest_extra: dict):
+def compile_to_onnx(program, manifest_extra: dict, kernels: str = "auto"):
     """Build the artifact in a private temporary directory and open a session on it."""
     from ssmcc.lowering.onnx.runtime import OnnxRunner, make_session
 
     workdir = tempfile.mkdtemp(prefix="ssmcc-onnx-")
     artifact = os.path.join(workdir, "artifact")
     manifest = build_onnx_artifact(program, artifact, manifest_extra, overwrite=False)
-    session = make_session(os.path.join(artifact, MODEL_FILE))
+    session = make_session(os.path.join(artifact, MODEL_FILE), kernels)
     runner = OnnxRunner(session, manifest["inputs"][0]["name"])
     return runner, manifest, artifact, workdir
 
@@ -130,8 +130,12 @@ def copy_artifact(source: str, out_dir: str, overwrite: bool) -> None:
     write_artifact(out_dir, write_files, extra, overwrite)
 
 
-def load(artifact_dir: str, verify: bool = True):
-    """Open an artifact written by ``CompiledModel.save`` / ``ssmcc compile``."""
+def load(artifact_dir: str, verify: bool = True, kernels: str = "auto", threads: int | None = None):
+    """Open an artifact written by ``CompiledModel.save`` / ``ssmcc compile``.
+
+    ``kernels="auto"`` registers the ssmcc ONNX Runtime library when it can be built here;
+    ``"reference"`` runs the portable function bodies. ``verify`` checks every file's SHA-256.
+    """
     from ssmcc.compiled import CompiledModel
     from ssmcc.lowering.onnx.runtime import OnnxRunner, make_session
 
@@ -143,7 +147,7 @@ def load(artifact_dir: str, verify: bool = True):
         )
     path = os.path.join(artifact_dir, manifest["model_file"])
     try:
-        session = make_session(path)
+        session = make_session(path, kernels, threads)
     except Exception as error:  # onnxruntime's own exception types
         raise ArtifactError(
             f"{path} could not be loaded by onnxruntime: {str(error).strip().splitlines()[0]}"

@@ -5,8 +5,9 @@ loop walks the graph: ATen/prims ops and ``getitem`` stay as they are (PyTorch r
 ssmcc op is replaced by its emitter's callable from ``TORCH_TABLE``. An op with no entry raises
 ``LoweringError`` naming the op, the node and the backend.
 
-Kernels: every ssmcc op dispatches through ``torch.ops.ssmcc.*`` on CPU, i.e. the op library's
-pure-PyTorch reference implementation.
+Kernels: the C++ CPU kernels (``kernels/cpu``, built on first use) when ``kernels="auto"`` and a
+compiler is available; otherwise (or with ``kernels="reference"``) the op itself, i.e. the op
+library's pure-PyTorch reference.
 """
 
 from __future__ import annotations
@@ -18,19 +19,32 @@ from ssmcc.errors import LoweringError
 from ssmcc.lowering.table import Emitter, register_table
 from ssmcc.ops import SSMCC_OPS, is_ssmcc_op
 
+KERNEL_CHOICES = ("auto", "reference")
 
-def _dispatch_through_op(node):
-    return node.target
+
+def _emit(name: str, kernels: str):
+    """The C++ kernel when asked for and buildable here, else the op (its PyTorch reference)."""
+    if kernels == "auto":
+        from ssmcc.kernels.cpu import torch_binding
+
+        if torch_binding.available():
+            return torch_binding.KERNELS[name]
+    return SSMCC_OPS[name]
 
 
 TORCH_TABLE: dict[str, Emitter] = {
-    name: Emitter(kernel="reference (pure PyTorch, torch.ops.ssmcc)", emit=_dispatch_through_op)
+    name: Emitter(
+        kernel="C++ (kernels/cpu, OpenMP) when a compiler is found, else the PyTorch reference",
+        emit=lambda node, kernels, name=name: _emit(name, kernels),
+    )
     for name in SSMCC_OPS
 }
 register_table("torch", TORCH_TABLE)
 
 
-def lower_to_torch(program: ExportedProgram) -> nn.Module:
+def lower_to_torch(program: ExportedProgram, kernels: str = "auto") -> nn.Module:
+    if kernels not in KERNEL_CHOICES:
+        raise LoweringError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
     module = program.module()
     for node in module.graph.nodes:
         if node.op != "call_function" or not is_ssmcc_op(node.target):
@@ -41,6 +55,6 @@ def lower_to_torch(program: ExportedProgram) -> nn.Module:
                 f"backend 'torch' has no emitter for op ssmcc.{node.target._opname} "
                 f"(node {node.name}); supported: {', '.join(sorted(TORCH_TABLE))}"
             )
-        node.target = emitter.emit(node)
+        node.target = emitter.emit(node, kernels)
     module.recompile()
     return module

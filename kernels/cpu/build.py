@@ -1,0 +1,152 @@
+"""Build the ssmcc CPU kernel libraries on first use, cached by content.
+
+Two shared libraries from one kernel source (``ssm_kernels.h``):
+
+- ``libssmcc_kernels.so`` (``torch_entry.cpp``): C entry points the torch target calls via ctypes;
+- ``libssmcc_ort.so`` (``ort_ops.cpp``): the ONNX Runtime custom-op library of the ``ssmcc`` domain;
+  needs ONNX Runtime's C++ headers (``fetch_ort_headers.sh``, or ``SSMCC_ORT_INCLUDE``).
+
+The cache key hashes the sources, flags, compiler version and CPU flags (the build uses
+``-march=native``); the cache lives in ``$SSMCC_CACHE_DIR`` or ``~/.cache/ssmcc/kernels``. A library
+is compiled to a temporary file and renamed into place, so concurrent builds never see half a file.
+When no compiler or no headers are found, ``build_*`` returns None and says once, on stderr, what
+is missing and which slower path runs instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+SOURCE_DIR = os.path.dirname(os.path.abspath(__file__))
+COMMON_FLAGS = [
+    "-std=c++17",
+    "-O3",
+    "-ffast-math",
+    "-march=native",
+    "-fPIC",
+    "-shared",
+    "-fvisibility=hidden",
+]
+HEADER = "onnxruntime_cxx_api.h"
+
+
+def cache_dir() -> str:
+    root = os.environ.get("SSMCC_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "ssmcc"
+    )
+    return os.path.join(root, "kernels")
+
+
+def default_header_dir() -> str:
+    root = os.environ.get("SSMCC_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "ssmcc"
+    )
+    return os.path.join(root, "ort-headers", "onnxruntime")
+
+
+def find_ort_headers() -> str | None:
+    candidates = [
+        os.environ.get("SSMCC_ORT_INCLUDE"),
+        default_header_dir(),
+        "/usr/include/onnxruntime",
+        "/usr/local/include/onnxruntime",
+    ]
+    for folder in candidates:
+        if folder and os.path.isfile(os.path.join(folder, HEADER)):
+            return folder
+    return None
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CXX", "g++"))
+
+
+@functools.cache
+def _say_once(message: str) -> None:
+    print(f"[ssmcc] {message}", file=sys.stderr, flush=True)
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return line
+    except OSError:
+        pass
+    return os.uname().machine
+
+
+def _build(name: str, sources: list[str], flags: list[str], extra_key: str = "") -> str | None:
+    compiler = _compiler()
+    if compiler is None:
+        _say_once(
+            "no C++ compiler found (g++ or $CXX): the ssmcc CPU kernels cannot be built; "
+            "using the pure-PyTorch reference / portable ONNX bodies (much slower). "
+            "Install g++ to get the fast kernels."
+        )
+        return None
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    digest = hashlib.sha256()
+    for part in [version, _cpu_flags(), " ".join(flags), extra_key]:
+        digest.update(part.encode())
+    for source in sorted(set(sources + ["ssm_kernels.h"])):
+        with open(os.path.join(SOURCE_DIR, source), "rb") as f:
+            digest.update(f.read())
+    folder = os.path.join(cache_dir(), digest.hexdigest()[:16])
+    target = os.path.join(folder, f"lib{name}.so")
+    if os.path.isfile(target):
+        return target
+    os.makedirs(folder, exist_ok=True)
+    _say_once(f"building {os.path.basename(target)} (once; cached in {folder})")
+    handle, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+    os.close(handle)
+    command = [
+        compiler,
+        *COMMON_FLAGS,
+        *flags,
+        *[os.path.join(SOURCE_DIR, s) for s in sources],
+        "-o",
+        tmp,
+    ]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        os.unlink(tmp)
+        _say_once(
+            f"building lib{name}.so failed; using the slower path. Compiler said:\n"
+            f"{done.stderr[-2000:]}"
+        )
+        return None
+    os.replace(tmp, target)
+    return target
+
+
+@functools.cache
+def build_torch_kernels() -> str | None:
+    """Path of ``libssmcc_kernels.so``, or None when it cannot be built here."""
+    return _build("ssmcc_kernels", ["torch_entry.cpp"], ["-fopenmp"])
+
+
+@functools.cache
+def build_ort_library() -> str | None:
+    """Path of the ONNX Runtime custom-op library ``libssmcc_ort.so``, or None."""
+    headers = find_ort_headers()
+    if headers is None:
+        _say_once(
+            "ONNX Runtime C++ headers not found, so the ssmcc ONNX Runtime kernels cannot "
+            "be built; ONNX models run with their portable function bodies. Get the "
+            f"headers with {os.path.join(SOURCE_DIR, 'fetch_ort_headers.sh')} or set "
+            "SSMCC_ORT_INCLUDE to a folder holding onnxruntime_cxx_api.h."
+        )
+        return None
+    with open(os.path.join(headers, "onnxruntime_c_api.h"), "rb") as f:
+        header_key = hashlib.sha256(f.read()).hexdigest()
+    return _build(
+        "ssmcc_ort", ["ort_ops.cpp"], ["-DORT_API_MANUAL_INIT", f"-I{headers}"], header_key
+    )

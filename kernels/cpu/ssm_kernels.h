@@ -1,0 +1,186 @@
+// ssmcc CPU kernels: float32, contiguous, one function per op over a range of rows
+// (row = batch * dim + channel), so each binding chooses its own threading.
+//
+// selective_scan (math: ssmcc/ops/selective_scan.py), per row with group g = c / (dim / groups):
+//   dt_t = delta_t + delta_bias;  dt_t = softplus(dt_t) if softplus   (softplus(x) = x for x > 20)
+//   h_t[i] = exp(dt_t * A[c,i]) * h_{t-1}[i] + dt_t * u_t * B_t[g,i]
+//   y_t = sum_i C_t[g,i] h_t[i] + D[c] u_t;   y_t *= silu(z_t) if z
+// B and C arrive transposed to (batch, groups, length, state) so the state loop is contiguous and
+// vectorises (with -ffast-math GCC calls glibc's vector expf); softplus, the D skip and the gate
+// run in separate loops over t, which vectorise too.
+// causal_conv1d: out_t = act(bias + sum_j w[j] xs[t + j]), xs = (state[k-1], x[l]); the final
+// state is the last k-1 entries of xs. The *_update kernels are the one-step forms.
+// Optional pointers (D, z, delta_bias, h0, bias, state) may be null: zero / no gate.
+#pragma once
+
+#include <cmath>
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace ssmcc {
+
+inline float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
+inline float silu(float x) { return x / (1.f + std::exp(-x)); }
+
+struct ScanArgs {
+  const float *u, *delta, *A, *Bt, *Ct, *D, *z, *delta_bias, *h0;  // Bt, Ct: (b, g, l, n)
+  float *out, *last;
+  int64_t batch, dim, length, groups, dstate;
+  bool softplus;
+};
+
+// softplus as torch computes it (identity above 20), in a form GCC vectorises (expf/logf).
+inline float softplus_vectorizable(float x) {
+  const float e = std::exp(x < 20.f ? x : 20.f);
+  return x > 20.f ? x : std::log(1.f + e);
+}
+
+inline void selective_scan_rows(const ScanArgs& a, int64_t row_begin, int64_t row_end) {
+  const int64_t n_state = a.dstate, length = a.length, per_group = a.dim / a.groups;
+  std::vector<float> h(n_state), dt_row(length), y_row(length);
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const int64_t b = row / a.dim, c = row % a.dim, g = c / per_group;
+    const float* A = a.A + c * n_state;
+    const float* u = a.u + row * length;
+    const float* delta = a.delta + row * length;
+    const float* Bs = a.Bt + (b * a.groups + g) * length * n_state;
+    const float* Cs = a.Ct + (b * a.groups + g) * length * n_state;
+    const float bias = a.delta_bias ? a.delta_bias[c] : 0.f;
+    float* dt = dt_row.data();
+    float* y = y_row.data();
+    // per-step scalars first, in loops over t that vectorise
+    for (int64_t t = 0; t < length; ++t) dt[t] = delta[t] + bias;
+    if (a.softplus)
+      for (int64_t t = 0; t < length; ++t) dt[t] = softplus_vectorizable(dt[t]);
+    float* hp = h.data();
+    for (int64_t i = 0; i < n_state; ++i) hp[i] = a.h0 ? a.h0[row * n_state + i] : 0.f;
+    // the recurrence: sequential in t, vectorised over the state
+    for (int64_t t = 0; t < length; ++t) {
+      const float dt_t = dt[t], du = dt_t * u[t];
+      const float* Bt = Bs + t * n_state;
+      const float* Ct = Cs + t * n_state;
+      float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t i = 0; i < n_state; ++i) {
+        const float hi = std::exp(dt_t * A[i]) * hp[i] + du * Bt[i];
+        hp[i] = hi;
+        acc += hi * Ct[i];
+      }
+      y[t] = acc;
+    }
+    // epilogue: D skip and silu gate, vectorised over t
+    const float skip = a.D ? a.D[c] : 0.f;
+    float* out = a.out + row * length;
+    if (a.z) {
+      const float* z = a.z + row * length;
+      for (int64_t t = 0; t < length; ++t)
+        out[t] = (y[t] + skip * u[t]) * (z[t] / (1.f + std::exp(-z[t])));
+    } else {
+      for (int64_t t = 0; t < length; ++t) out[t] = y[t] + skip * u[t];
+    }
+    for (int64_t i = 0; i < n_state; ++i) a.last[row * n_state + i] = hp[i];
+  }
+}
+
+// (b, g, n, l) -> (b, g, l, n)
+inline void transpose_state_length(const float* src, float* dst, int64_t outer, int64_t n_state,
+                                   int64_t length) {
+  for (int64_t o = 0; o < outer; ++o) {
+    const float* s = src + o * n_state * length;
+    float* d = dst + o * n_state * length;
+    for (int64_t i = 0; i < n_state; ++i)
+      for (int64_t t = 0; t < length; ++t) d[t * n_state + i] = s[i * length + t];
+  }
+}
+
+struct ConvArgs {
+  const float *x, *weight, *bias, *state0;  // state0: (b, d, k-1) or null
+  float *out, *final_state;
+  int64_t batch, dim, length, width;
+  bool silu;
+};
+
+inline void causal_conv1d_rows(const ConvArgs& a, int64_t row_begin, int64_t row_end) {
+  const int64_t k = a.width, history = k - 1, length = a.length;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const int64_t c = row % a.dim;
+    const float* x = a.x + row * length;
+    const float* w = a.weight + c * k;
+    const float* prev = a.state0 ? a.state0 + row * history : nullptr;
+    const float bias = a.bias ? a.bias[c] : 0.f;
+    float* out = a.out + row * length;
+    // xs = (prev[0..history), x[0..length)); out[t] = bias + sum_j w[j] xs[t + j]
+    for (int64_t t = 0; t < length; ++t) out[t] = bias;
+    for (int64_t j = 0; j < k; ++j) {
+      const float wj = w[j];
+      const int64_t shift = j - history;  // xs[t + j] = x[t + shift] when t + shift >= 0
+      const int64_t first = shift < 0 ? std::min(-shift, length) : 0;
+      for (int64_t t = 0; t < first; ++t) out[t] += wj * (prev ? prev[t + j] : 0.f);
+      for (int64_t t = first; t < length; ++t) out[t] += wj * x[t + shift];
+    }
+    if (a.silu)
+      for (int64_t t = 0; t < length; ++t) out[t] = out[t] / (1.f + std::exp(-out[t]));
+    float* fin = a.final_state + row * history;
+    for (int64_t p = 0; p < history; ++p) {
+      const int64_t index = length + p;  // xs index
+      fin[p] = index < history ? (prev ? prev[index] : 0.f) : x[index - history];
+    }
+  }
+}
+
+struct StepArgs {
+  const float *state, *x, *dt, *A, *B, *C, *D, *z, *dt_bias;  // B, C: (b, g, n)
+  float *out, *new_state;
+  int64_t batch, dim, groups, dstate;
+  bool softplus;
+};
+
+inline void selective_state_update_rows(const StepArgs& a, int64_t row_begin, int64_t row_end) {
+  const int64_t n_state = a.dstate, per_group = a.dim / a.groups;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const int64_t b = row / a.dim, c = row % a.dim, g = c / per_group;
+    float dt = a.dt[row] + (a.dt_bias ? a.dt_bias[c] : 0.f);
+    if (a.softplus) dt = softplus(dt);
+    const float xv = a.x[row], du = dt * xv;
+    const float* A = a.A + c * n_state;
+    const float* B = a.B + (b * a.groups + g) * n_state;
+    const float* C = a.C + (b * a.groups + g) * n_state;
+    const float* h = a.state + row * n_state;
+    float* hn = a.new_state + row * n_state;
+    float y = 0.f;
+#pragma omp simd reduction(+ : y)
+    for (int64_t i = 0; i < n_state; ++i) {
+      const float hi = std::exp(dt * A[i]) * h[i] + du * B[i];
+      hn[i] = hi;
+      y += hi * C[i];
+    }
+    y += (a.D ? a.D[c] : 0.f) * xv;
+    a.out[row] = a.z ? y * silu(a.z[row]) : y;
+  }
+}
+
+struct ConvStepArgs {
+  const float *x, *state, *weight, *bias;  // state: (b, d, k-1)
+  float *out, *new_state;
+  int64_t batch, dim, width;
+  bool silu;
+};
+
+inline void causal_conv1d_update_rows(const ConvStepArgs& a, int64_t row_begin, int64_t row_end) {
+  const int64_t k = a.width, history = k - 1;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const int64_t c = row % a.dim;
+    const float* s = a.state + row * history;
+    const float* w = a.weight + c * k;
+    float acc = a.bias ? a.bias[c] : 0.f;
+    for (int64_t j = 0; j < history; ++j) acc += w[j] * s[j];
+    acc += w[history] * a.x[row];
+    a.out[row] = a.silu ? silu(acc) : acc;
+    float* ns = a.new_state + row * history;
+    for (int64_t j = 0; j + 1 < history; ++j) ns[j] = s[j + 1];
+    if (history > 0) ns[history - 1] = a.x[row];
+  }
+}
+
+}  // namespace ssmcc

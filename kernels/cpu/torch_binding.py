@@ -1,0 +1,158 @@
+"""The C++ kernels as Python callables with the ssmcc op signatures (ctypes over raw pointers).
+
+Each function checks its arguments with the op's own shape rules, makes float32 contiguous
+copies where needed, allocates the outputs and calls the kernel with ``torch.get_num_threads()``
+OpenMP threads. Outputs follow the op contract: ``out`` in the input's dtype, states float32.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+from torch import Tensor
+
+from ssmcc.kernels.cpu.build import build_torch_kernels
+from ssmcc.ops.causal_conv1d import check_causal_conv1d_args, check_causal_conv1d_update_args
+from ssmcc.ops.selective_scan import check_selective_scan_args
+from ssmcc.ops.selective_state_update import check_selective_state_update_args
+
+_P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
+_SIGNATURES = {
+    "ssmcc_selective_scan_f32": [_P] * 11 + [_I64] * 5 + [_I32] * 2,
+    "ssmcc_causal_conv1d_f32": [_P] * 6 + [_I64] * 4 + [_I32] * 2,
+    "ssmcc_selective_state_update_f32": [_P] * 11 + [_I64] * 4 + [_I32] * 2,
+    "ssmcc_causal_conv1d_update_f32": [_P] * 6 + [_I64] * 3 + [_I32] * 2,
+}
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    path = build_torch_kernels()
+    if path is None:
+        return None
+    lib = ctypes.CDLL(path)
+    for name, argtypes in _SIGNATURES.items():
+        getattr(lib, name).argtypes = argtypes
+        getattr(lib, name).restype = ctypes.c_int
+    return lib
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def _f32(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.detach().to(torch.float32).contiguous()
+
+
+def _ptr(t: Tensor | None):
+    return None if t is None else t.data_ptr()
+
+
+def selective_scan_cpu(
+    u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial_state=None
+):
+    check_selective_scan_args(u, delta, A, B, C, D, z, delta_bias, initial_state)
+    batch, dim, length = u.shape
+    B4 = B if B.dim() == 4 else B.unsqueeze(1)
+    C4 = C if C.dim() == 4 else C.unsqueeze(1)
+    args = [_f32(t) for t in (u, delta, A, B4, C4, D, z, delta_bias, initial_state)]
+    out = torch.empty(batch, dim, length, dtype=torch.float32)
+    last = torch.empty(batch, dim, A.shape[1], dtype=torch.float32)
+    library().ssmcc_selective_scan_f32(
+        *[_ptr(t) for t in args],
+        out.data_ptr(),
+        last.data_ptr(),
+        batch,
+        dim,
+        length,
+        B4.shape[1],
+        A.shape[1],
+        int(bool(delta_softplus)),
+        torch.get_num_threads(),
+    )
+    return out.to(u.dtype), last
+
+
+def causal_conv1d_cpu(x, weight, bias=None, initial_state=None, activation=None):
+    check_causal_conv1d_args(x, weight, bias, initial_state)
+    batch, dim, length = x.shape
+    width = weight.shape[1]
+    args = [_f32(t) for t in (x, weight, bias, initial_state)]
+    out = torch.empty(batch, dim, length, dtype=torch.float32)
+    final = torch.empty(batch, dim, width - 1, dtype=torch.float32)
+    library().ssmcc_causal_conv1d_f32(
+        *[_ptr(t) for t in args],
+        out.data_ptr(),
+        final.data_ptr(),
+        batch,
+        dim,
+        length,
+        width,
+        _silu_flag(activation),
+        torch.get_num_threads(),
+    )
+    return out.to(x.dtype), final
+
+
+def selective_state_update_cpu(
+    state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False
+):
+    check_selective_state_update_args(state, x, dt, A, B, C, D, z, dt_bias)
+    batch, dim, n = state.shape
+    B3 = B if B.dim() == 3 else B.unsqueeze(1)
+    C3 = C if C.dim() == 3 else C.unsqueeze(1)
+    args = [_f32(t) for t in (state, x, dt, A, B3, C3, D, z, dt_bias)]
+    out = torch.empty(batch, dim, dtype=torch.float32)
+    new_state = torch.empty(batch, dim, n, dtype=torch.float32)
+    library().ssmcc_selective_state_update_f32(
+        *[_ptr(t) for t in args],
+        out.data_ptr(),
+        new_state.data_ptr(),
+        batch,
+        dim,
+        B3.shape[1],
+        n,
+        int(bool(dt_softplus)),
+        torch.get_num_threads(),
+    )
+    return out.to(x.dtype), new_state
+
+
+def causal_conv1d_update_cpu(x, conv_state, weight, bias=None, activation=None):
+    check_causal_conv1d_update_args(x, conv_state, weight, bias)
+    batch, dim = x.shape
+    args = [_f32(t) for t in (x, conv_state, weight, bias)]
+    out = torch.empty(batch, dim, dtype=torch.float32)
+    new_state = torch.empty_like(args[1])
+    library().ssmcc_causal_conv1d_update_f32(
+        *[_ptr(t) for t in args],
+        out.data_ptr(),
+        new_state.data_ptr(),
+        batch,
+        dim,
+        weight.shape[1],
+        _silu_flag(activation),
+        torch.get_num_threads(),
+    )
+    return out.to(x.dtype), new_state
+
+
+def _silu_flag(activation: str | None) -> int:
+    from ssmcc.ops._shapes import SUPPORTED_ACTIVATIONS
+
+    if activation not in SUPPORTED_ACTIVATIONS:
+        raise RuntimeError(
+            f"ssmcc: activation {activation!r} is not supported; use one of {SUPPORTED_ACTIVATIONS}"
+        )
+    return 0 if activation is None else 1
+
+
+KERNELS = {
+    "selective_scan": selective_scan_cpu,
+    "causal_conv1d": causal_conv1d_cpu,
+    "selective_state_update": selective_state_update_cpu,
+    "causal_conv1d_update": causal_conv1d_update_cpu,
+}
