@@ -47,13 +47,27 @@ def test_report_describes_capture_and_passes(model_and_compiled):
 
 def test_unbuilt_and_unknown_targets_are_refused_clearly():
     model = make_hf_model("mamba", num_hidden_layers=1)
-    with pytest.raises(InputError, match="target 'onnx' is not available in this version"):
-        ssmcc.compile(model, target="onnx")
-    with pytest.raises(InputError, match="unknown target 'cuda'; available: torch"):
+    with pytest.raises(InputError, match="target 'triton' is not available in this version"):
+        ssmcc.compile(model, target="triton")
+    with pytest.raises(InputError, match="unknown target 'cuda'; available: torch, onnx"):
         ssmcc.compile(model, target="cuda")
     program = ssmcc.capture(model, (torch.zeros(2, 4, dtype=torch.long),))
     with pytest.raises(LoweringError, match="target 'triton' is not available"):
         lower(program, "triton")
+
+
+@pytest.mark.parametrize("kernels", ["auto", "reference"])
+def test_both_kernel_choices_match_eager(kernels):
+    from ssmcc.kernels.cpu.torch_binding import KERNELS
+
+    model = make_hf_model("mamba")
+    compiled = ssmcc.compile(model, kernels=kernels)
+    targets = {n.target for n in compiled._runner.graph.nodes if n.op == "call_function"}
+    uses_cpp = KERNELS["selective_scan"] in targets
+    assert uses_cpp == (kernels == "auto")
+    ids = torch.randint(0, model.config.vocab_size, (2, 33))
+    with torch.no_grad():
+        assert (compiled(ids) - model(ids).logits).abs().max() <= 1e-4
 
 
 def test_lowering_names_an_op_without_emitter(monkeypatch):
@@ -79,4 +93,6 @@ def test_coverage_lists_every_op_for_every_backend():
         (op, b) for op in SSMCC_OPS for b in backends
     }
     assert all(r["status"] == "supported" for r in rows if r["backend"] == "torch")
+    onnx_rows = {r["op"]: r["status"] for r in rows if r["backend"] == "onnx"}
+    assert onnx_rows["selective_scan"] == onnx_rows["causal_conv1d"] == "supported"
     assert all(r["detail"] for r in rows)

@@ -70,6 +70,58 @@ def _rename_dims(model: onnx.ModelProto, names: dict[str, str]) -> None:
                 dim.dim_param = names[dim.dim_param]
 
 
+def _share_transposed_weights(model: onnx.ModelProto) -> int:
+    """Replace each 2-D initializer that equals the transpose of another by ``Transpose(other)``.
+
+    torch.onnx's constant folding pre-transposes linear weights; a weight tied to another use
+    (the LM head and the token embedding) is then stored twice. ORT folds the Transpose back at
+    session creation, so the file holds the weights once. Returns how many were shared.
+    """
+    from onnx import numpy_helper
+
+    by_shape: dict[tuple, list] = {}
+    for tensor in model.graph.initializer:
+        if len(tensor.dims) == 2:
+            by_shape.setdefault(tuple(tensor.dims), []).append(tensor)
+    replaced = {}
+    for tensor in list(model.graph.initializer):
+        if len(tensor.dims) != 2 or tensor.name in replaced:
+            continue
+        candidates = by_shape.get((tensor.dims[1], tensor.dims[0]), [])
+        array = None
+        for other in candidates:
+            if other.name == tensor.name or other.name in replaced or tensor.dims[0] < 2:
+                continue
+            array = numpy_helper.to_array(tensor) if array is None else array
+            if (
+                other.data_type == tensor.data_type
+                and (numpy_helper.to_array(other) == array.T).all()
+            ):
+                replaced[tensor.name] = other.name
+                break
+    if not replaced:
+        return 0
+    kept = [t for t in model.graph.initializer if t.name not in replaced]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    transposes = [
+        onnx.helper.make_node("Transpose", [source], [name], perm=[1, 0])
+        for name, source in replaced.items()
+    ]
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(transposes + nodes)
+    return len(replaced)
+
+
+def _strip_node_metadata(model: onnx.ModelProto) -> None:
+    """torch.onnx stores a stack trace and FX names on every node; the artifact needs none."""
+    for node in model.graph.node:
+        del node.metadata_props[:]
+    for value in [*model.graph.value_info, *model.graph.input, *model.graph.output]:
+        del value.metadata_props[:]
+
+
 def lower_to_onnx(
     program: ExportedProgram,
     input_names: list[str] | None = None,
@@ -109,4 +161,6 @@ def lower_to_onnx(
     if "CausalConv1d" in used:
         model.functions.append(causal_conv1d_function(OPSET, widths.pop()))
     _rename_dims(model, dim_names or {})
+    _share_transposed_weights(model)
+    _strip_node_metadata(model)
     return model

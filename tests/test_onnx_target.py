@@ -1,0 +1,121 @@
+"""ssmcc.compile(target="onnx"): HF Mamba / FalconMamba through ONNX Runtime, with the ssmcc
+custom-op library and with the portable function bodies only."""
+
+from __future__ import annotations
+
+import os
+
+import onnx
+import pytest
+import torch
+
+import ssmcc
+from ssmcc.kernels.cpu import build_ort_library
+
+from .conftest import make_hf_model
+
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module", params=["mamba", "falcon_mamba"])
+def model_and_artifact(request, tmp_path_factory):
+    model = make_hf_model(request.param)
+    compiled = ssmcc.compile(model, target="onnx")
+    folder = tmp_path_factory.mktemp(request.param) / "artifact"
+    compiled.save(str(folder))
+    return model, compiled, str(folder)
+
+
+@pytest.mark.parametrize("kernels", ["auto", "reference"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("length", [1, 7, 64, 300])
+def test_onnx_matches_eager(model_and_artifact, kernels, batch, length):
+    model, _, folder = model_and_artifact
+    loaded = ssmcc.load(folder, kernels=kernels, verify=False)
+    expected_kernels = "ssmcc ORT library" if kernels == "auto" else "portable function bodies"
+    assert loaded._runner.session.ssmcc_kernels == expected_kernels
+    ids = torch.randint(
+        0, model.config.vocab_size, (batch, length), generator=torch.Generator().manual_seed(length)
+    )
+    with torch.no_grad():
+        expected = model(ids).logits
+    got = loaded(ids)
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max().item() <= TOLERANCE
+
+
+def test_the_ort_library_builds_here():
+    """CI fetches the ORT headers: the library must build (not silently fall back)."""
+    assert build_ort_library() is not None
+
+
+def test_one_custom_node_per_op_per_layer_and_full_check(model_and_artifact):
+    model, compiled, folder = model_and_artifact
+    proto = onnx.load(os.path.join(folder, "model.onnx"))
+    onnx.checker.check_model(proto, full_check=True)
+    custom = [n.op_type for n in proto.graph.node if n.domain == "ssmcc"]
+    layers = model.config.num_hidden_layers
+    assert sorted(custom) == ["CausalConv1d"] * layers + ["SelectiveScan"] * layers
+    assert sorted((f.domain, f.name) for f in proto.functions) == [
+        ("ssmcc", "CausalConv1d"),
+        ("ssmcc", "SelectiveScan"),
+    ]
+    # Nothing outside the functions uses a loop: the recurrence is inside the ssmcc nodes.
+    assert not {"Scan", "Loop"} & {n.op_type for n in proto.graph.node}
+    dims = [
+        [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
+        for i in proto.graph.input
+    ]
+    assert dims == [["batch", "seq"]]
+
+
+def test_artifact_size_is_the_weights(model_and_artifact):
+    model, compiled, folder = model_and_artifact
+    weights = {id(p): p.numel() * p.element_size() for p in model.parameters()}
+    total = sum(compiled.manifest["files"][name]["bytes"] for name in compiled.manifest["files"])
+    assert abs(total - sum(weights.values())) <= 0.05 * sum(weights.values()) + 64 * 1024
+
+
+def test_manifest_describes_the_model(model_and_artifact):
+    model, compiled, folder = model_and_artifact
+    manifest = ssmcc.load(folder).manifest
+    assert manifest["target"] == "onnx" and manifest["opset"] == {"": 20, "ssmcc": 1}
+    assert manifest["inputs"] == [{"name": "input_ids", "dtype": "int64", "dims": ["batch", "seq"]}]
+    assert manifest["outputs"][0]["dims"] == ["batch", "seq", model.config.vocab_size]
+    assert set(manifest["versions"]) >= {"ssmcc", "torch", "onnx", "onnxruntime"}
+    assert all(len(entry["sha256"]) == 64 for entry in manifest["files"].values())
+
+
+def test_portable_body_is_what_runs_without_library(tmp_path):
+    """Replace the SelectiveScan function body by a wrong one: the library's kernel must take
+    precedence (right logits), and without the library the (wrong) body must run."""
+    from onnx import helper
+
+    model = make_hf_model("mamba", num_hidden_layers=1)
+    compiled = ssmcc.compile(model, target="onnx")
+    proto = onnx.load(os.path.join(compiled.artifact_dir, "model.onnx"))
+    index = next(i for i, f in enumerate(proto.functions) if f.name == "SelectiveScan")
+    wrong = helper.make_function(
+        "ssmcc",
+        "SelectiveScan",
+        list(proto.functions[index].input),
+        ["out", "last_state"],
+        [
+            helper.make_node("Identity", ["u"], ["out"]),
+            helper.make_node("Identity", ["initial_state"], ["last_state"]),
+        ],
+        list(proto.functions[index].opset_import),
+        attributes=["delta_softplus", "has_z"],
+    )
+    proto.functions[index].CopyFrom(wrong)
+    path = tmp_path / "wrong_body.onnx"
+    onnx.save(proto, str(path))
+    from ssmcc.lowering.onnx.runtime import OnnxRunner, make_session
+
+    ids = torch.randint(0, model.config.vocab_size, (2, 9))
+    with torch.no_grad():
+        expected = model(ids).logits
+    with_library = OnnxRunner(make_session(str(path), "auto"))(ids)
+    portable = OnnxRunner(make_session(str(path), "reference"))(ids)
+    assert (with_library - expected).abs().max() <= TOLERANCE
+    assert (portable - expected).abs().max() > 1e-2
