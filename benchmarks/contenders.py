@@ -155,6 +155,53 @@ def prepare_ssmcc_torch(model: nn.Module, ctx: dict) -> Runner:
     return Runner(compiled, None, info)
 
 
+def _prepare_ssmcc_onnx(model: nn.Module, ctx: dict, kernels: str) -> Runner:
+    import ssmcc
+
+    started = time.perf_counter()
+    compiled = ssmcc.compile(model, target="onnx", kernels=kernels)
+    prepare_s = time.perf_counter() - started
+    folder = tempfile.mkdtemp(prefix="bench-ssmcc-onnx-")
+    compiled.save(os.path.join(folder, "artifact"))
+    loaded = ssmcc.load(os.path.join(folder, "artifact"), kernels=kernels, threads=ctx["threads"])
+    manifest = loaded.manifest
+    info = {
+        "prepare_s": prepare_s,
+        "prepare_what": "ssmcc.compile(target='onnx')",
+        "nodes": manifest["onnx_nodes"],
+        "runs_other_length": True,
+        "artifact_MB": sum(f["bytes"] for f in manifest["files"].values()) / 1e6,
+        "kernels": loaded._runner.session.ssmcc_kernels,
+    }
+    return Runner(loaded, None, info)
+
+
+def prepare_ssmcc_onnx(model: nn.Module, ctx: dict) -> Runner:
+    """ONNX Runtime with the ssmcc custom-op library registered."""
+    return _prepare_ssmcc_onnx(model, ctx, "auto")
+
+
+def prepare_ssmcc_onnx_portable(model: nn.Module, ctx: dict) -> Runner:
+    """ONNX Runtime running the portable function bodies (stock ORT, no ssmcc library)."""
+    return _prepare_ssmcc_onnx(model, ctx, "reference")
+
+
+def prepare_matmuls_only(model: nn.Module, ctx: dict) -> Runner:
+    """Only the model's own matmuls (every nn.Linear, LM head included) at the prefill shapes:
+    the floor a prefill implementation is compared with."""
+    weights = [m.weight.detach() for m in model.modules() if isinstance(m, nn.Linear)]
+
+    @torch.inference_mode()
+    def prefill(ids):
+        rows = ids.numel()
+        for weight in weights:
+            torch.matmul(torch.ones(rows, weight.shape[1]), weight.t())
+
+    return Runner(
+        prefill, None, {"prepare_s": 0.0, "prepare_what": "none", "runs_other_length": True}
+    )
+
+
 def prepare_debug_fail(model: nn.Module, ctx: dict) -> Runner:
     """Harness self-test: a contender whose preparation raises."""
     raise RuntimeError("debug-fail: this contender always fails (harness self-test)")
@@ -170,6 +217,13 @@ def prepare_debug_hang(model: nn.Module, ctx: dict) -> Runner:
 UNSUPPORTED_SUITES: dict[str, dict[str, str]] = {
     "torch-onnx": {"decode": "torch.onnx export has no state inputs/outputs: no decode graph"},
     "ssmcc-torch": {"decode": "ssmcc has no step graph yet (recurrent step: issue 5)"},
+    "ssmcc-onnx": {"decode": "ssmcc has no step graph yet (recurrent step: issue 5)"},
+    "ssmcc-onnx-portable": {"decode": "ssmcc has no step graph yet (recurrent step: issue 5)"},
+    "matmuls-only": {
+        "decode": "a prefill bound only",
+        "memory": "a prefill bound only",
+        "export": "a prefill bound only",
+    },
 }
 
 CONTENDERS: dict[str, Callable[[nn.Module, dict], Runner]] = {
@@ -177,5 +231,8 @@ CONTENDERS: dict[str, Callable[[nn.Module, dict], Runner]] = {
     "torch-compile": prepare_torch_compile,
     "torch-onnx": prepare_torch_onnx,
     "ssmcc-torch": prepare_ssmcc_torch,
+    "ssmcc-onnx": prepare_ssmcc_onnx,
+    "ssmcc-onnx-portable": prepare_ssmcc_onnx_portable,
+    "matmuls-only": prepare_matmuls_only,
 }
 DEBUG_CONTENDERS = {"debug-fail": prepare_debug_fail, "debug-hang": prepare_debug_hang}

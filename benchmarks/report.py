@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 BASELINE = "hf-eager"
+MATMULS = "matmuls-only"
 
 
 def _fmt(summary: dict | None, digits: int = 1) -> str:
@@ -22,11 +23,14 @@ def annotate(rows: list[dict], bounds: dict) -> None:
         return (row["suite"], row.get("length"), row.get("batch"))
 
     baseline = {key(r): r for r in rows if r["contender"] == BASELINE and "error" not in r}
+    matmuls = {key(r): r for r in rows if r["contender"] == MATMULS and "tokens_per_s" in r}
     for row in rows:
         base = baseline.get(key(row))
         if row["suite"] == "prefill" and "tokens_per_s" in row:
             median = row["tokens_per_s"]["median"]
             row["of_bound"] = median / bounds["prefill_bound_tok_s"]
+            if key(row) in matmuls:  # time relative to the model's matmuls alone
+                row["x_matmul_time"] = matmuls[key(row)]["tokens_per_s"]["median"] / median
             if base and "tokens_per_s" in base:
                 row["vs_baseline"] = median / base["tokens_per_s"]["median"]
         if row["suite"] == "decode" and "ms_per_token" in row:
@@ -79,9 +83,12 @@ def format_table(result: dict) -> str:
             if problem:
                 out.append(f"{name} {shape} {problem}")
             elif suite == "prefill":
+                matmul = (
+                    f"   {row['x_matmul_time']:.2f}x matmul time" if "x_matmul_time" in row else ""
+                )
                 out.append(
                     f"{name} {shape} {_fmt(row['tokens_per_s'])} tok/s   "
-                    f"{_ratio(row)} HF   {100 * row['of_bound']:.0f}% of bound"
+                    f"{_ratio(row)} HF   {100 * row['of_bound']:.0f}% of bound{matmul}"
                 )
             elif suite == "decode":
                 out.append(

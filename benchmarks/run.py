@@ -106,15 +106,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _error_result(spec: dict, error: str, started: float) -> dict:
+def _error_row(spec: dict, error: str) -> dict:
     row = {"suite": spec["suite"], "contender": spec["contender"], "error": error[:300]}
     if spec["suite"] == "memory":
         row["length"] = spec["lengths"][0]
-    return {"rows": [row], "wall_s": time.perf_counter() - started}
+    return row
 
 
-def run_worker(spec: dict, timeout: float) -> dict:
-    """Run one worker process; never raises: failures come back as error rows."""
+def _streamed_rows(stdout: str) -> list[dict]:
+    prefix = "BENCH_ROW "
+    return [
+        json.loads(line[len(prefix) :]) for line in stdout.splitlines() if line.startswith(prefix)
+    ]
+
+
+def run_worker(spec: dict, timeout: float) -> tuple[list[dict], float]:
+    """Run one worker process; never raises: failures come back as error rows. Rows the worker
+    finished before failing or timing out are kept."""
     command = [sys.executable, "-m", "benchmarks.worker", json.dumps(spec)]
     started = time.perf_counter()
     process = subprocess.Popen(
@@ -129,16 +137,19 @@ def run_worker(spec: dict, timeout: float) -> dict:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)  # also ends compile workers it started
-        process.communicate()
-        return _error_result(spec, f"timeout after {timeout:.0f}s", started)
-    for line in stdout.splitlines():
-        if line.startswith("BENCH_RESULT "):
-            return json.loads(line.removeprefix("BENCH_RESULT "))
+        stdout, _ = process.communicate()
+        rows = _streamed_rows(stdout)
+        done = f" (after {len(rows)} finished row(s))" if rows else ""
+        return rows + [_error_row(spec, f"timeout after {timeout:.0f}s{done}")], timeout
+    rows = _streamed_rows(stdout)
+    elapsed = time.perf_counter() - started
+    if "BENCH_DONE" in stdout:
+        return rows, elapsed
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
     cause = lines[-1] if lines else f"exit code {process.returncode}"
     if process.returncode in (-signal.SIGKILL, 137):
         cause = f"killed (exit {process.returncode}, out of memory?)"
-    return _error_result(spec, cause, started)
+    return rows + [_error_row(spec, cause)], elapsed
 
 
 def main(argv=None) -> int:
@@ -157,7 +168,11 @@ def main(argv=None) -> int:
     del model
 
     rows = []
+    # prefill workers also report the export figures of their own preparation
+    fold_export = "prefill" in args.suites and "export" in args.suites
     for suite in args.suites:
+        if suite == "export" and fold_export:
+            continue
         for contender in args.contender_list:
             lengths_sets = (
                 [[n] for n in args.memory_lengths] if suite == "memory" else [args.lengths]
@@ -175,11 +190,12 @@ def main(argv=None) -> int:
                     new_tokens=args.new_tokens,
                     export_length=args.export_length,
                     seed=args.seed,
+                    with_export=fold_export and suite == "prefill",
                 )
                 _progress(f"{suite}: {contender} {lengths if suite != 'export' else ''}")
-                result = run_worker(spec, args.timeout)
-                _progress(f"  done in {result['wall_s']:.0f}s")
-                rows.extend(result["rows"])
+                worker_rows, seconds = run_worker(spec, args.timeout)
+                _progress(f"  done in {seconds:.0f}s")
+                rows.extend(worker_rows)
 
     annotate(rows, bounds)
     result = {

@@ -1,7 +1,8 @@
 """One (contender, suite) measurement in its own process: ``python -m benchmarks.worker SPEC``.
 
-SPEC is JSON (see ``run.py``). The result is printed as one line ``BENCH_RESULT {json}``; the
-process's peak RSS is its own, so memory figures are not polluted by other contenders.
+SPEC is JSON (see ``run.py``). Each row is printed as ``BENCH_ROW {json}`` as soon as it is
+measured (so a worker stopped at its time limit keeps what it finished), then ``BENCH_DONE``.
+The process's peak RSS is its own, so memory figures are not polluted by other contenders.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import json
 import resource
 import sys
-import time
 import warnings
 
 import torch
@@ -55,7 +55,9 @@ def _ids(spec: dict, batch: int, length: int, salt: int = 0) -> torch.Tensor:
 
 
 def _row(spec: dict, **fields) -> dict:
-    return {"suite": spec["suite"], "contender": spec["contender"], **fields}
+    row = {"suite": spec["suite"], "contender": spec["contender"], **fields}
+    print("BENCH_ROW " + json.dumps(row), flush=True)
+    return row
 
 
 def run_prefill(spec: dict, runner: Runner) -> list[dict]:
@@ -135,10 +137,11 @@ def run_export(spec: dict, runner: Runner) -> list[dict]:
 SUITES = {"prefill": run_prefill, "decode": run_decode, "memory": run_memory, "export": run_export}
 
 
-def main(spec: dict) -> dict:
+def main(spec: dict) -> None:
     reason = UNSUPPORTED_SUITES.get(spec["contender"], {}).get(spec["suite"])
     if reason:
-        return {"rows": [_row(spec, note=reason)], "wall_s": 0.0}
+        _row(spec, note=reason)
+        return
     warnings.filterwarnings("ignore")
     from transformers.utils import logging
 
@@ -149,7 +152,6 @@ def main(spec: dict) -> dict:
     model = build_preset(spec["model"], seed=spec["seed"])
     spec["vocab_size"] = model.config.vocab_size
     prepare = {**CONTENDERS, **DEBUG_CONTENDERS}[spec["contender"]]
-    started = time.perf_counter()
     ctx = {
         "batch": spec["batch"],
         "threads": spec["threads"],
@@ -158,12 +160,13 @@ def main(spec: dict) -> dict:
     }
     try:
         runner = prepare(model, ctx)
-        rows = SUITES[spec["suite"]](spec, runner)
+        if spec.get("with_export"):  # the export figures come from this same preparation
+            _row({**spec, "suite": "export"}, **runner.info)
+        SUITES[spec["suite"]](spec, runner)
     except Unsupported as reason:
-        rows = [_row(spec, note=str(reason))]
-    return {"rows": rows, "wall_s": time.perf_counter() - started}
+        _row(spec, note=str(reason))
 
 
 if __name__ == "__main__":
-    result = main(json.loads(sys.argv[1]))
-    print("BENCH_RESULT " + json.dumps(result), flush=True)
+    main(json.loads(sys.argv[1]))
+    print("BENCH_DONE", flush=True)
