@@ -82,7 +82,7 @@ def read_manifest(artifact_dir: str, verify_hashes: bool = True) -> dict:
         raise ArtifactError(f"{path} is corrupt (not valid JSON: {error})") from error
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ArtifactError(f"{path} is not an ssmcc manifest (no 'format': '{FORMAT}')")
-    for key in ("target", "files", "inputs", "outputs"):
+    for key in ("target", "files", "graphs"):
         if key not in manifest:
             raise ArtifactError(f"{path} is incomplete: no '{key}' entry")
     for name, entry in manifest["files"].items():

@@ -11,9 +11,10 @@ from ssmcc.capture.export import capture_with_report, is_hf_model, vocab_size_of
 from ssmcc.capture.report import ssmcc_op_counts
 from ssmcc.compiled import CompiledModel, CompileReport
 from ssmcc.errors import InputError
-from ssmcc.lowering import PLANNED_BACKENDS, TARGETS, lower
+from ssmcc.lowering import PLANNED_BACKENDS, TARGETS
 from ssmcc.onnx_target import compile_to_onnx, keep_workdir_until_collected
 from ssmcc.passes import PassContext, pipeline, run_passes, verify_program
+from ssmcc.runners import TorchRunner
 
 DEFAULT_EXAMPLE_LENGTH = 16
 COMPILE_TARGETS = tuple(TARGETS)
@@ -75,7 +76,7 @@ def compile(
         }
         runner, manifest, artifact_dir, workdir = compile_to_onnx(program, extra, kernels)
     else:
-        runner = lower(program, target, kernels=kernels)
+        runner = TorchRunner(program, kernels)
     report = CompileReport(
         target=target,
         capture=capture_report,

@@ -10,7 +10,9 @@ from torch.export import ExportedProgram
 
 from ssmcc.capture.inputs import check_token_ids
 from ssmcc.capture.report import CaptureReport
-from ssmcc.errors import SSMCCError
+from ssmcc.errors import InputError, SSMCCError
+from ssmcc.generation import Sampling, generate, stream
+from ssmcc.state import State, check_state
 
 
 @dataclasses.dataclass
@@ -59,10 +61,14 @@ class CompileReport:
 class CompiledModel:
     """A model compiled by ssmcc for one target.
 
-    Call it like the model: ``compiled(input_ids) -> logits`` for a language model (ids are
-    checked before anything runs), or ``compiled(*example-like inputs)`` for a captured module.
-    ``program`` is the IR after passes and ``report`` says what capture and the passes did (both
-    None for a model opened with ``ssmcc.load``); ``manifest`` describes a saved artifact (ONNX).
+    - ``compiled(input_ids) -> logits`` (b, l, vocab), like the model's forward;
+    - ``prefill(input_ids, state=None) -> (logits, State)``: the prompt, from ``state`` or zeros;
+    - ``step(token_ids, state) -> (logits (b, vocab), State)``: one token per row;
+    - ``generate(input_ids, max_new_tokens, ...)`` and ``stream(...)``: greedy or sampled tokens.
+
+    Every input is checked (dtype, rank, vocabulary, state names/shapes/batch) before anything
+    runs. ``program``/``report``: the IR after passes and what capture and the passes did (None
+    for a model opened with ``ssmcc.load``); ``manifest``: the saved artifact's description.
     """
 
     def __init__(
@@ -101,9 +107,104 @@ class CompiledModel:
         if self._token_model:
             if len(args) != 1:
                 raise TypeError("call a compiled language model with one argument: input_ids")
-            return self._runner(check_token_ids(args[0], self.vocab_size))
-        return self._runner(*args)
+            return self._runner.logits(check_token_ids(args[0], self.vocab_size))
+        return self._runner.logits(*args)
 
+    # -- streaming decode -------------------------------------------------------------------
+    @property
+    def state_specs(self) -> list[dict]:
+        """Name, shape (``batch`` first) and dtype of every state tensor, in program order."""
+        self._require_states()
+        return self._runner.specs
+
+    def _require_states(self) -> None:
+        if not self._token_model:
+            raise SSMCCError(
+                "prefill/step/generate need a language model (token ids in, logits "
+                "out); this compiled model is a plain module"
+            )
+
+    @torch.inference_mode()
+    def prefill(self, input_ids, state: State | None = None) -> tuple[torch.Tensor, State]:
+        """Logits (b, l, vocab) of the prompt and the state after it."""
+        self._require_states()
+        ids = check_token_ids(input_ids, self.vocab_size)
+        specs = self._runner.specs
+        tensors = (
+            State.zeros(specs, ids.shape[0]).tensors(specs)
+            if state is None
+            else check_state(state, specs, ids.shape[0])
+        )
+        logits, new = self._runner.prefill(ids, tensors)
+        return logits, State(dict(zip([s["name"] for s in specs], new, strict=True)))
+
+    @torch.inference_mode()
+    def step(self, token_ids, state: State) -> tuple[torch.Tensor, State]:
+        """Logits (b, vocab) after one more token per row (``token_ids``: (b,) or (b, 1))."""
+        self._require_states()
+        if isinstance(token_ids, torch.Tensor) and token_ids.dim() == 1:
+            token_ids = token_ids[:, None]
+        ids = check_token_ids(token_ids, self.vocab_size, what="token_ids")
+        if ids.shape[1] != 1:
+            raise InputError(
+                f"step takes one token per row, got token_ids of shape "
+                f"{tuple(ids.shape)}; use prefill for several tokens"
+            )
+        specs = self._runner.specs
+        logits, new = self._runner.step(ids, check_state(state, specs, ids.shape[0]))
+        return logits, State(dict(zip([s["name"] for s in specs], new, strict=True)))
+
+    def stream(
+        self,
+        input_ids,
+        max_new_tokens: int,
+        *,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        eos_token_id: int | None = None,
+    ):
+        """Yield each new token column (b,) as soon as it is chosen."""
+        self._require_states()
+        sampling = Sampling(do_sample, temperature, top_k, top_p, seed)
+        return stream(
+            self.prefill,
+            self.step,
+            check_token_ids(input_ids, self.vocab_size),
+            max_new_tokens,
+            sampling,
+            eos_token_id,
+        )
+
+    def generate(
+        self,
+        input_ids,
+        max_new_tokens: int,
+        *,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        eos_token_id: int | None = None,
+        streamer=None,
+    ) -> torch.Tensor:
+        """Prompt + new tokens (b, l + new). ``streamer(token_column)`` is called per token."""
+        self._require_states()
+        sampling = Sampling(do_sample, temperature, top_k, top_p, seed)
+        return generate(
+            self.prefill,
+            self.step,
+            check_token_ids(input_ids, self.vocab_size),
+            max_new_tokens,
+            sampling,
+            eos_token_id,
+            streamer,
+        )
+
+    # -- artifacts --------------------------------------------------------------------------
     def save(self, out_dir: str, overwrite: bool = False) -> None:
         """Write the artifact directory (model files + manifest.json), atomically."""
         if self.artifact_dir is None:

@@ -1,7 +1,14 @@
-"""The ``onnx`` target end to end: program -> ONNX artifact -> ONNX Runtime session; ``load``."""
+"""The ``onnx`` target end to end: programs -> ONNX artifact -> ONNX Runtime sessions; ``load``.
+
+An artifact holds ``prefill.onnx`` (``input_ids`` + states -> logits + next states), ``step.onnx``
+(one token + states -> last logits + next states), ``weights.bin`` (every initializer of both
+graphs stored once, by content) and ``manifest.json``. A model without SSM layers has only
+``prefill.onnx`` and no states.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -9,23 +16,27 @@ import weakref
 
 import onnx
 import torch
+from onnx import numpy_helper
 
 import ssmcc
 from ssmcc.artifact import ArtifactError, read_manifest, write_artifact
-from ssmcc.errors import InputError
 
-MODEL_FILE = "model.onnx"
-EXTERNAL_DATA_FILE = "model.onnx.data"
-EXTERNAL_DATA_THRESHOLD = 64 * 1024 * 1024  # weights above this go to model.onnx.data
+WEIGHTS_FILE = "weights.bin"
+INLINE_BYTES = 1024  # initializers smaller than this stay inside the graph file
+ALIGN = 64
 
 
-def _symbol_names(program, axis_names: dict[str, tuple[str, ...]]) -> dict[str, str]:
+def _dim_names(program) -> dict[str, str]:
+    """``input_ids`` dims -> batch, seq; every other user input's dim 0 -> batch."""
     names = {}
+    user_inputs = list(program.graph_signature.user_inputs)
     for node in program.graph.nodes:
-        if node.op == "placeholder" and node.name in axis_names:
-            for axis, size in enumerate(node.meta["val"].shape):
-                if isinstance(size, torch.SymInt):
-                    names[str(size.node.expr)] = axis_names[node.name][axis]
+        if node.op != "placeholder" or node.name not in user_inputs:
+            continue
+        axes = ("batch", "seq") if node.name == user_inputs[0] else ("batch",)
+        for axis, size in enumerate(node.meta["val"].shape[: len(axes)]):
+            if isinstance(size, torch.SymInt):
+                names[str(size.node.expr)] = axes[axis]
     return names
 
 
@@ -36,34 +47,45 @@ def _describe_values(values) -> list[dict]:
         onnx.TensorProto.FLOAT16: "float16",
         onnx.TensorProto.BFLOAT16: "bfloat16",
     }
-    described = []
-    for value in values:
-        tensor_type = value.type.tensor_type
-        dims = [d.dim_param or d.dim_value for d in tensor_type.shape.dim]
-        described.append(
-            {
-                "name": value.name,
-                "dtype": type_names.get(tensor_type.elem_type, str(tensor_type.elem_type)),
-                "dims": dims,
-            }
-        )
-    return described
+    return [
+        {
+            "name": v.name,
+            "dtype": type_names.get(
+                v.type.tensor_type.elem_type, str(v.type.tensor_type.elem_type)
+            ),
+            "dims": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim],
+        }
+        for v in values
+    ]
 
 
-def _write_model(model: onnx.ModelProto, folder: str) -> None:
-    weight_bytes = sum(len(t.raw_data) for t in model.graph.initializer)
-    path = os.path.join(folder, MODEL_FILE)
-    if weight_bytes > EXTERNAL_DATA_THRESHOLD:
-        onnx.save_model(
-            model,
-            path,
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=EXTERNAL_DATA_FILE,
-            size_threshold=1024,
-        )
-    else:
-        onnx.save_model(model, path)
+def _externalize(models: dict[str, onnx.ModelProto], folder: str) -> None:
+    """Move every initializer of every model into one ``weights.bin``, each distinct content
+    stored once (the prefill and step graphs share the weights)."""
+    stored: dict[bytes, tuple[int, int]] = {}
+    with open(os.path.join(folder, WEIGHTS_FILE), "wb") as weights:
+        for model in models.values():
+            for tensor in model.graph.initializer:
+                if not tensor.HasField("raw_data"):
+                    tensor.CopyFrom(
+                        numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name)
+                    )
+                raw = tensor.raw_data
+                if len(raw) < INLINE_BYTES:
+                    continue
+                key = hashlib.sha256(raw).digest() + bytes(str(tensor.data_type), "ascii")
+                if key not in stored:
+                    weights.write(b"\0" * (-weights.tell() % ALIGN))
+                    stored[key] = (weights.tell(), len(raw))
+                    weights.write(raw)
+                offset, length = stored[key]
+                tensor.ClearField("raw_data")
+                tensor.data_location = onnx.TensorProto.EXTERNAL
+                del tensor.external_data[:]
+                for k, v in (("location", WEIGHTS_FILE), ("offset", offset), ("length", length)):
+                    tensor.external_data.add(key=k, value=str(v))
+    for name, model in models.items():
+        onnx.save_model(model, os.path.join(folder, f"{name}.onnx"))
 
 
 def _versions() -> dict[str, str]:
@@ -79,42 +101,78 @@ def _versions() -> dict[str, str]:
     }
 
 
+def _graph_entry(name: str, model: onnx.ModelProto) -> dict:
+    from ssmcc.lowering.onnx.schemas import DOMAIN
+
+    return {
+        "file": f"{name}.onnx",
+        "inputs": _describe_values(model.graph.input),
+        "outputs": _describe_values(model.graph.output),
+        "onnx_nodes": len(model.graph.node),
+        "ssmcc_nodes": sorted({n.op_type for n in model.graph.node if n.domain == DOMAIN}),
+    }
+
+
 def build_onnx_artifact(program, out_dir: str, manifest_extra: dict, overwrite: bool) -> dict:
-    """Lower ``program`` and write the artifact directory; returns the manifest."""
+    """Lower ``program`` (and its stateful forms) and write the artifact; returns the manifest."""
     from ssmcc.lowering.onnx import OPSET, lower_to_onnx
     from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
+    from ssmcc.passes.scan_to_recurrent_step import state_specs
+    from ssmcc.stateful import derive_stateful_programs
 
     token_model = manifest_extra.get("vocab_size") is not None
-    model = lower_to_onnx(
-        program,
-        input_names=["input_ids"] if token_model else None,
-        output_names=["logits"] if token_model else None,
-        dim_names=_symbol_names(program, {"input_ids": ("batch", "seq")}) if token_model else None,
-    )
-    onnx.checker.check_model(model, full_check=True)
+    models, specs = {}, []
+    if token_model and state_specs(program):
+        programs = derive_stateful_programs(program)
+        specs = programs.specs
+        names = [s["name"] for s in specs]
+        inputs = ["input_ids", *names]
+        outputs = ["logits", *[f"{n}.next" for n in names]]
+        for graph, graph_program in (("prefill", programs.prefill), ("step", programs.step)):
+            models[graph] = lower_to_onnx(graph_program, inputs, outputs, _dim_names(graph_program))
+    else:
+        models["prefill"] = lower_to_onnx(
+            program,
+            ["input_ids"] if token_model else None,
+            ["logits"] if token_model else None,
+            _dim_names(program) if token_model else None,
+        )
+    for model in models.values():
+        onnx.checker.check_model(model, full_check=True)
     manifest = {
         "target": "onnx",
         **manifest_extra,
-        "model_file": MODEL_FILE,
         "opset": {"": OPSET, DOMAIN: VERSION},
-        "inputs": _describe_values(model.graph.input),
-        "outputs": _describe_values(model.graph.output),
-        "ssmcc_nodes": sorted({n.op_type for n in model.graph.node if n.domain == DOMAIN}),
-        "onnx_nodes": len(model.graph.node),
+        "graphs": {name: _graph_entry(name, model) for name, model in models.items()},
+        "states": specs,
         "versions": _versions(),
     }
-    return write_artifact(out_dir, lambda folder: _write_model(model, folder), manifest, overwrite)
+    return write_artifact(out_dir, lambda folder: _externalize(models, folder), manifest, overwrite)
+
+
+def _sessions(artifact_dir: str, manifest: dict, kernels: str, threads: int | None) -> dict:
+    from ssmcc.lowering.onnx.runtime import make_session
+
+    sessions = {}
+    for name, graph in manifest["graphs"].items():
+        path = os.path.join(artifact_dir, graph["file"])
+        try:
+            sessions[name] = make_session(path, kernels, threads)
+        except Exception as error:  # onnxruntime's own exception types
+            raise ArtifactError(
+                f"{path} could not be loaded by onnxruntime: {str(error).strip().splitlines()[0]}"
+            ) from error
+    return sessions
 
 
 def compile_to_onnx(program, manifest_extra: dict, kernels: str = "auto"):
-    """Build the artifact in a private temporary directory and open a session on it."""
-    from ssmcc.lowering.onnx.runtime import OnnxRunner, make_session
+    """Build the artifact in a private temporary directory and open sessions on it."""
+    from ssmcc.runners import OnnxRunner
 
     workdir = tempfile.mkdtemp(prefix="ssmcc-onnx-")
     artifact = os.path.join(workdir, "artifact")
     manifest = build_onnx_artifact(program, artifact, manifest_extra, overwrite=False)
-    session = make_session(os.path.join(artifact, MODEL_FILE), kernels)
-    runner = OnnxRunner(session, manifest["inputs"][0]["name"])
+    runner = OnnxRunner(_sessions(artifact, manifest, kernels, None), manifest)
     return runner, manifest, artifact, workdir
 
 
@@ -137,7 +195,7 @@ def load(artifact_dir: str, verify: bool = True, kernels: str = "auto", threads:
     ``"reference"`` runs the portable function bodies. ``verify`` checks every file's SHA-256.
     """
     from ssmcc.compiled import CompiledModel
-    from ssmcc.lowering.onnx.runtime import OnnxRunner, make_session
+    from ssmcc.runners import OnnxRunner
 
     manifest = read_manifest(artifact_dir, verify_hashes=verify)
     if manifest["target"] != "onnx":
@@ -145,19 +203,9 @@ def load(artifact_dir: str, verify: bool = True, kernels: str = "auto", threads:
             f"{artifact_dir}: target {manifest['target']!r} cannot be loaded "
             "(loadable targets: onnx)"
         )
-    path = os.path.join(artifact_dir, manifest["model_file"])
-    try:
-        session = make_session(path, kernels, threads)
-    except Exception as error:  # onnxruntime's own exception types
-        raise ArtifactError(
-            f"{path} could not be loaded by onnxruntime: {str(error).strip().splitlines()[0]}"
-        ) from error
-    runner = OnnxRunner(session, manifest["inputs"][0]["name"])
+    runner = OnnxRunner(_sessions(artifact_dir, manifest, kernels, threads), manifest)
     return CompiledModel.from_artifact(runner, manifest, artifact_dir)
 
 
 def keep_workdir_until_collected(owner, workdir: str) -> None:
     weakref.finalize(owner, shutil.rmtree, workdir, True)
-
-
-__all__ = ["ArtifactError", "InputError", "build_onnx_artifact", "compile_to_onnx", "load"]

@@ -97,6 +97,63 @@ struct CausalConv1dKernel {
   }
 };
 
+struct SelectiveStateUpdateKernel {
+  int64_t softplus, has_z;
+  SelectiveStateUpdateKernel(const OrtApi&, const OrtKernelInfo* info) {
+    Ort::ConstKernelInfo kernel_info(info);
+    softplus = kernel_info.GetAttribute<int64_t>("dt_softplus");
+    has_z = kernel_info.GetAttribute<int64_t>("has_z");
+  }
+  void Compute(OrtKernelContext* raw) {
+    Ort::KernelContext ctx(raw);
+    auto state = ctx.GetInput(0);
+    const auto shape = state.GetTensorTypeAndShapeInfo().GetShape();  // (b, d, n)
+    auto B = ctx.GetInput(4);
+    const int64_t groups = B.GetTensorTypeAndShapeInfo().GetShape()[1];
+    auto out = ctx.GetOutput(0, {shape[0], shape[1]});
+    auto new_state = ctx.GetOutput(1, shape);
+    ssmcc::StepArgs args{state.GetTensorData<float>(),
+                         ctx.GetInput(1).GetTensorData<float>(),
+                         ctx.GetInput(2).GetTensorData<float>(),
+                         ctx.GetInput(3).GetTensorData<float>(),
+                         B.GetTensorData<float>(),
+                         ctx.GetInput(5).GetTensorData<float>(),
+                         ctx.GetInput(6).GetTensorData<float>(),
+                         has_z ? ctx.GetInput(7).GetTensorData<float>() : nullptr,
+                         ctx.GetInput(8).GetTensorData<float>(),
+                         out.GetTensorMutableData<float>(),
+                         new_state.GetTensorMutableData<float>(),
+                         shape[0], shape[1], groups, shape[2], softplus != 0};
+    parallel_rows<ssmcc::StepArgs, ssmcc::selective_state_update_rows>(raw, args,
+                                                                       shape[0] * shape[1]);
+  }
+};
+
+struct CausalConv1dUpdateKernel {
+  int64_t activation;
+  CausalConv1dUpdateKernel(const OrtApi&, const OrtKernelInfo* info) {
+    activation = Ort::ConstKernelInfo(info).GetAttribute<int64_t>("activation");
+  }
+  void Compute(OrtKernelContext* raw) {
+    Ort::KernelContext ctx(raw);
+    auto x = ctx.GetInput(0);
+    const auto shape = x.GetTensorTypeAndShapeInfo().GetShape();  // (b, d)
+    auto conv_state = ctx.GetInput(1);
+    const auto state_shape = conv_state.GetTensorTypeAndShapeInfo().GetShape();
+    auto out = ctx.GetOutput(0, shape);
+    auto new_state = ctx.GetOutput(1, state_shape);
+    ssmcc::ConvStepArgs args{x.GetTensorData<float>(),
+                             conv_state.GetTensorData<float>(),
+                             ctx.GetInput(2).GetTensorData<float>(),
+                             ctx.GetInput(3).GetTensorData<float>(),
+                             out.GetTensorMutableData<float>(),
+                             new_state.GetTensorMutableData<float>(),
+                             shape[0], shape[1], state_shape[2] + 1, activation == 1};
+    parallel_rows<ssmcc::ConvStepArgs, ssmcc::causal_conv1d_update_rows>(raw, args,
+                                                                         shape[0] * shape[1]);
+  }
+};
+
 template <typename Kernel, int Inputs, int Outputs>
 struct FloatOp : Ort::CustomOpBase<FloatOp<Kernel, Inputs, Outputs>, Kernel> {
   const char* name;
@@ -118,6 +175,8 @@ struct FloatOp : Ort::CustomOpBase<FloatOp<Kernel, Inputs, Outputs>, Kernel> {
 
 const FloatOp<SelectiveScanKernel, 9, 2> kSelectiveScan("SelectiveScan");
 const FloatOp<CausalConv1dKernel, 4, 2> kCausalConv1d("CausalConv1d");
+const FloatOp<SelectiveStateUpdateKernel, 9, 2> kSelectiveStateUpdate("SelectiveStateUpdate");
+const FloatOp<CausalConv1dUpdateKernel, 4, 2> kCausalConv1dUpdate("CausalConv1dUpdate");
 
 std::mutex registry_mutex;
 std::vector<std::unique_ptr<Ort::CustomOpDomain>>& domains() {
@@ -135,6 +194,8 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     auto domain = std::make_unique<Ort::CustomOpDomain>("ssmcc");
     domain->Add(&kSelectiveScan);
     domain->Add(&kCausalConv1d);
+    domain->Add(&kSelectiveStateUpdate);
+    domain->Add(&kCausalConv1dUpdate);
     Ort::UnownedSessionOptions(options).Add(*domain);
     domains().push_back(std::move(domain));
   } catch (const Ort::Exception& error) {

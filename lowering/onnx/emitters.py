@@ -71,11 +71,47 @@ def emit_causal_conv1d(x, weight, bias=None, initial_state=None, activation=None
     )
 
 
+def emit_selective_state_update(
+    state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False
+):
+    if D is None:
+        D = _zeros(_dim(A, 0))
+    if dt_bias is None:
+        dt_bias = _zeros(_dim(A, 0))
+    grouped = lambda t: op.Unsqueeze(t, [1]) if len(t.shape) == 2 else t  # noqa: E731
+    has_z = z is not None
+    return SSMCC.SelectiveStateUpdate(
+        state,
+        x,
+        dt,
+        A,
+        grouped(B),
+        grouped(C),
+        D,
+        z if has_z else x,
+        dt_bias,
+        dt_softplus=int(bool(dt_softplus)),
+        has_z=int(has_z),
+        _outputs=2,
+    )
+
+
+def emit_causal_conv1d_update(x, conv_state, weight, bias=None, activation=None):
+    if bias is None:
+        bias = _zeros(_dim(weight, 0))
+    return SSMCC.CausalConv1dUpdate(
+        x, conv_state, weight, bias, activation=ACTIVATIONS[activation], _outputs=2
+    )
+
+
 ONNX_TABLE: dict[str, Emitter] = {
     "selective_scan": Emitter("ssmcc.SelectiveScan node + portable Scan body", emit_selective_scan),
     "causal_conv1d": Emitter("ssmcc.CausalConv1d node + portable body", emit_causal_conv1d),
+    "selective_state_update": Emitter(
+        "ssmcc.SelectiveStateUpdate node + portable body", emit_selective_state_update
+    ),
+    "causal_conv1d_update": Emitter(
+        "ssmcc.CausalConv1dUpdate node + portable body", emit_causal_conv1d_update
+    ),
 }
-ONNX_UNSUPPORTED = {
-    "selective_state_update": "step ops reach ONNX with the decode graph (recurrent step: issue 5)",
-    "causal_conv1d_update": "step ops reach ONNX with the decode graph (recurrent step: issue 5)",
-}
+ONNX_UNSUPPORTED: dict[str, str] = {}

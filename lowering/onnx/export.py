@@ -19,7 +19,12 @@ from torch.export import ExportedProgram
 
 from ssmcc.errors import LoweringError
 from ssmcc.lowering.onnx.emitters import ONNX_TABLE
-from ssmcc.lowering.onnx.functions import causal_conv1d_function, selective_scan_function
+from ssmcc.lowering.onnx.functions import (
+    causal_conv1d_function,
+    causal_conv1d_update_function,
+    selective_scan_function,
+    selective_state_update_function,
+)
 from ssmcc.lowering.onnx.schemas import DOMAIN, register_schemas
 from ssmcc.ops import SSMCC_OPS, is_ssmcc_op
 
@@ -160,6 +165,10 @@ def lower_to_onnx(
         model.functions.append(selective_scan_function(OPSET))
     if "CausalConv1d" in used:
         model.functions.append(causal_conv1d_function(OPSET, widths.pop()))
+    if "SelectiveStateUpdate" in used:
+        model.functions.append(selective_state_update_function(OPSET))
+    if "CausalConv1dUpdate" in used:
+        model.functions.append(causal_conv1d_update_function(OPSET))
     _rename_dims(model, dim_names or {})
     _share_transposed_weights(model)
     _strip_node_metadata(model)

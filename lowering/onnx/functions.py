@@ -161,6 +161,102 @@ def selective_scan_function(opset: int) -> onnx.FunctionProto:
     )
 
 
+def selective_state_update_function(opset: int) -> onnx.FunctionProto:
+    """One step: ``new = Exp(dt' A) * state + (dt' x) B``, ``y = sum(new * C) + D x``, gated."""
+    body = _Body("su")
+    inputs = ["state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias"]
+    dt_raw = body.op("Add", "dt", "dt_bias")
+    body.select(
+        body.attr_flag("dt_softplus"),
+        "dt_soft",
+        "dt_plain",
+        [helper.make_node("Softplus", [dt_raw], ["dt_soft"])],
+        [helper.make_node("Identity", [dt_raw], ["dt_plain"])],
+        "dt_final",
+    )
+    b, d = _dim(body, "x", 0), _dim(body, "x", 1)
+    g, n = _dim(body, "B", 1), _dim(body, "A", 1)
+    grouped = body.op("Concat", b, g, body.const([1]), n, axis=0)
+    expanded = body.op("Concat", b, g, body.op("Div", d, g), n, axis=0)
+    channels = body.op("Concat", b, d, n, axis=0)
+
+    def per_channel(value):
+        return body.op(
+            "Reshape", body.op("Expand", body.op("Reshape", value, grouped), expanded), channels
+        )
+
+    axis2 = body.const([2])
+    dt3 = body.op("Unsqueeze", "dt_final", axis2)
+    decay = body.op("Exp", body.op("Mul", dt3, "A"))
+    drive = body.op(
+        "Mul", body.op("Unsqueeze", body.op("Mul", "dt_final", "x"), axis2), per_channel("B")
+    )
+    body.nodes.append(
+        helper.make_node("Add", [body.op("Mul", decay, "state"), drive], ["new_state"])
+    )
+    y = body.op("ReduceSum", body.op("Mul", "new_state", per_channel("C")), axis2, keepdims=0)
+    y = body.op("Add", y, body.op("Mul", "D", "x"))
+    body.select(
+        body.attr_flag("has_z"),
+        "gated",
+        "ungated",
+        [
+            helper.make_node("Sigmoid", ["z"], ["z_sig"]),
+            helper.make_node("Mul", ["z", "z_sig"], ["z_silu"]),
+            helper.make_node("Mul", [y, "z_silu"], ["gated"]),
+        ],
+        [helper.make_node("Identity", [y], ["ungated"])],
+        "y_gated",
+    )
+    body.nodes.append(helper.make_node("CastLike", ["y_gated", "x"], ["out"]))
+    return helper.make_function(
+        DOMAIN,
+        "SelectiveStateUpdate",
+        inputs,
+        ["out", "new_state"],
+        body.nodes,
+        [helper.make_opsetid("", opset)],
+        attributes=["dt_softplus", "has_z"],
+    )
+
+
+def causal_conv1d_update_function(opset: int) -> onnx.FunctionProto:
+    """``xs = Concat(conv_state, x)``; ``out = act(ReduceSum(xs * weight) + bias)``; the new state
+    is ``xs`` without its first column."""
+    body = _Body("cu")
+    axis2 = body.const([2])
+    xs = body.op("Concat", "conv_state", body.op("Unsqueeze", "x", axis2), axis=2)
+    pre = body.op(
+        "Add", body.op("ReduceSum", body.op("Mul", xs, "weight"), axis2, keepdims=0), "bias"
+    )
+    body.select(
+        body.attr_flag("activation"),
+        "act_silu",
+        "act_none",
+        [
+            helper.make_node("Sigmoid", [pre], ["pre_sig"]),
+            helper.make_node("Mul", [pre, "pre_sig"], ["act_silu"]),
+        ],
+        [helper.make_node("Identity", [pre], ["act_none"])],
+        "activated",
+    )
+    body.nodes.append(helper.make_node("CastLike", ["activated", "x"], ["out"]))
+    body.nodes.append(
+        helper.make_node(
+            "Slice", [xs, body.const([1]), body.const([INT64_MAX]), axis2], ["new_state"]
+        )
+    )
+    return helper.make_function(
+        DOMAIN,
+        "CausalConv1dUpdate",
+        ["x", "conv_state", "weight", "bias"],
+        ["out", "new_state"],
+        body.nodes,
+        [helper.make_opsetid("", opset)],
+        attributes=["activation"],
+    )
+
+
 def causal_conv1d_function(opset: int, width: int) -> onnx.FunctionProto:
     """The body for kernel width ``width`` (the k loop is unrolled), default-domain ``opset``."""
     body = _Body("cc")

@@ -11,6 +11,11 @@ gate. Shapes (b batch, d channels, l length, g groups, n state, k conv width)::
     CausalConv1d(x[b,d,l], weight[d,k], bias[d], initial_state[b,d,k-1]; activation)
         -> out[b,d,l], final_state[b,d,k-1]
 
+    SelectiveStateUpdate(state[b,d,n], x[b,d], dt[b,d], A[d,n], B[b,g,n], C[b,g,n], D[d], z[b,d],
+                         dt_bias[d]; dt_softplus, has_z) -> out[b,d], new_state[b,d,n]
+    CausalConv1dUpdate(x[b,d], conv_state[b,d,k-1], weight[d,k], bias[d]; activation)
+        -> out[b,d], new_state[b,d,k-1]
+
 ``activation``: 0 identity, 1 silu. Registration is process-wide and idempotent.
 """
 
@@ -74,6 +79,52 @@ SCHEMAS = [
             ]
         ),
         outputs=_inputs([("out", "(b, d, l)"), ("final_state", "(b, d, k-1)")]),
+        type_constraints=[("T", _FLOAT_TYPES, "floating point")],
+        attributes=[_int_attr("activation", "0 identity, 1 silu")],
+    ),
+]
+
+
+SCHEMAS += [
+    OpSchema(
+        "SelectiveStateUpdate",
+        DOMAIN,
+        VERSION,
+        doc="One selective-scan step (see ssmcc.ops.selective_state_update).",
+        inputs=_inputs(
+            [
+                ("state", "(b, d, n)"),
+                ("x", "(b, d)"),
+                ("dt", "(b, d)"),
+                ("A", "(d, n)"),
+                ("B", "(b, g, n)"),
+                ("C", "(b, g, n)"),
+                ("D", "(d,)"),
+                ("z", "(b, d); ignored when has_z = 0"),
+                ("dt_bias", "(d,)"),
+            ]
+        ),
+        outputs=_inputs([("out", "(b, d)"), ("new_state", "(b, d, n)")]),
+        type_constraints=[("T", _FLOAT_TYPES, "floating point")],
+        attributes=[
+            _int_attr("dt_softplus", "1: dt = softplus(dt + dt_bias)"),
+            _int_attr("has_z", "1: out = y * silu(z)"),
+        ],
+    ),
+    OpSchema(
+        "CausalConv1dUpdate",
+        DOMAIN,
+        VERSION,
+        doc="One step of the depthwise causal conv (see ssmcc.ops.causal_conv1d_update).",
+        inputs=_inputs(
+            [
+                ("x", "(b, d)"),
+                ("conv_state", "(b, d, k-1)"),
+                ("weight", "(d, k)"),
+                ("bias", "(d,)"),
+            ]
+        ),
+        outputs=_inputs([("out", "(b, d)"), ("new_state", "(b, d, k-1)")]),
         type_constraints=[("T", _FLOAT_TYPES, "floating point")],
         attributes=[_int_attr("activation", "0 identity, 1 silu")],
     ),

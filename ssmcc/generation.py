@@ -1,0 +1,99 @@
+"""Token generation over a compiled model's ``prefill`` and ``step``.
+
+    logits, state = prefill(prompt)                      # once, over the whole prompt
+    token = choose(logits[:, -1]); repeat: logits, state = step(token, state)
+
+``choose`` is greedy (argmax) or sampling: logits / temperature, then top-k, then top-p (nucleus)
+filtering, then a draw from the softmax with a seeded generator. A row that produced
+``eos_token_id`` keeps emitting it; generation stops early when every row has. ``stream`` yields
+each new token column as it is produced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+
+import torch
+
+from ssmcc.errors import InputError
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+    def check(self) -> None:
+        if self.temperature <= 0:
+            raise InputError(f"temperature must be > 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise InputError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None):
+    """Next token per row from logits (b, vocab)."""
+    if not sampling.do_sample:
+        return logits.argmax(-1)
+    scores = logits.float() / sampling.temperature
+    if sampling.top_k is not None:
+        kth = torch.topk(scores, min(sampling.top_k, scores.shape[-1]), dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if sampling.top_p is not None and sampling.top_p < 1:
+        ordered, order = torch.sort(scores, descending=True, dim=-1)
+        cumulative = ordered.softmax(-1).cumsum(-1)
+        drop = cumulative - ordered.softmax(-1) >= sampling.top_p  # keep the first past top_p
+        scores = scores.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
+    return torch.multinomial(scores.softmax(-1), 1, generator=generator)[:, 0]
+
+
+def stream(
+    prefill: Callable,
+    step: Callable,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    sampling: Sampling = Sampling(),
+    eos_token_id: int | None = None,
+) -> Iterator[torch.Tensor]:
+    """Yield each new token column (b,) as it is produced."""
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    sampling.check()
+    generator = None
+    if sampling.do_sample:
+        generator = torch.Generator()
+        generator.manual_seed(sampling.seed if sampling.seed is not None else torch.seed() % 2**63)
+    logits, state = prefill(input_ids)
+    finished = torch.zeros(input_ids.shape[0], dtype=torch.bool)
+    for produced in range(max_new_tokens):
+        token = choose(logits[:, -1] if logits.dim() == 3 else logits, sampling, generator)
+        if eos_token_id is not None:
+            token = token.masked_fill(finished, eos_token_id)
+            finished |= token == eos_token_id
+        yield token
+        if produced + 1 == max_new_tokens or (eos_token_id is not None and finished.all()):
+            return
+        logits, state = step(token[:, None], state)
+
+
+def generate(
+    prefill,
+    step,
+    input_ids,
+    max_new_tokens,
+    sampling=Sampling(),
+    eos_token_id=None,
+    streamer: Callable[[torch.Tensor], None] | None = None,
+) -> torch.Tensor:
+    """The prompt followed by the generated tokens, (b, prompt + new)."""
+    columns = []
+    for token in stream(prefill, step, input_ids, max_new_tokens, sampling, eos_token_id):
+        if streamer is not None:
+            streamer(token)
+        columns.append(token)
+    return torch.cat([input_ids, torch.stack(columns, dim=1)], dim=1)

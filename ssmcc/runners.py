@@ -1,0 +1,77 @@
+"""What runs a compiled model, per target: ``logits``, ``prefill`` and ``step`` on tensors.
+
+States travel as lists of tensors in the order of ``specs``; ``CompiledModel`` wraps them in
+``State`` objects and checks every input before a runner sees it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+
+class TorchRunner:
+    """The torch target: lowered modules; the stateful ones are derived on first use."""
+
+    def __init__(self, program, kernels: str):
+        from ssmcc.lowering import lower
+
+        self.program = program
+        self.kernels = kernels
+        self.module = lower(program, "torch", kernels=kernels)
+
+    @functools.cached_property
+    def _stateful(self):
+        from ssmcc.lowering import lower
+        from ssmcc.stateful import derive_stateful_programs
+
+        programs = derive_stateful_programs(self.program)
+        return (
+            lower(programs.prefill, "torch", kernels=self.kernels),
+            lower(programs.step, "torch", kernels=self.kernels),
+            programs,
+        )
+
+    @property
+    def specs(self) -> list[dict]:
+        return self._stateful[2].specs
+
+    def logits(self, *args):
+        return self.module(*args)
+
+    def prefill(self, input_ids, states):
+        logits, *new = self._stateful[0](input_ids, *states)
+        return logits, new
+
+    def step(self, input_ids, states):
+        logits, *new = self._stateful[1](input_ids, *states)
+        return logits, new
+
+
+class OnnxRunner:
+    """The onnx target: one ORT session per graph (prefill, step)."""
+
+    def __init__(self, sessions: dict, manifest: dict):
+        self.sessions = sessions
+        self.specs = manifest.get("states", [])
+        self.graphs = manifest["graphs"]
+
+    def _run(self, graph: str, input_ids, states):
+        session = self.sessions[graph]
+        names = [i["name"] for i in self.graphs[graph]["inputs"]]
+        arrays = [np.ascontiguousarray(input_ids.numpy(), dtype=np.int64)]
+        arrays += [np.ascontiguousarray(s.numpy(), dtype=np.float32) for s in states]
+        outputs = session.run(None, dict(zip(names, arrays, strict=True)))
+        return torch.from_numpy(outputs[0]), [torch.from_numpy(o) for o in outputs[1:]]
+
+    def logits(self, input_ids):
+        zeros = [torch.zeros(input_ids.shape[0], *s["shape"][1:]) for s in self.specs]
+        return self._run("prefill", input_ids, zeros)[0]
+
+    def prefill(self, input_ids, states):
+        return self._run("prefill", input_ids, states)
+
+    def step(self, input_ids, states):
+        return self._run("step", input_ids, states)

@@ -1,0 +1,36 @@
+"""The stateful programs of a compiled model: prefill with state in/out, and the decode step."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch.export import ExportedProgram
+
+from ssmcc.errors import SSMCCError
+from ssmcc.passes import PassContext, pipeline, run_passes
+from ssmcc.passes.scan_to_recurrent_step import (
+    expose_recurrent_state,
+    scan_to_recurrent_step,
+    state_specs,
+)
+from ssmcc.state import spec_dicts
+
+
+@dataclasses.dataclass
+class StatefulPrograms:
+    prefill: ExportedProgram  # (input_ids (b, l), *states) -> (logits (b, l, v), *states)
+    step: ExportedProgram  # (input_ids (b, 1), *states) -> (logits (b, v), *states)
+    specs: list[dict]
+
+
+def derive_stateful_programs(program: ExportedProgram, verify: bool = False) -> StatefulPrograms:
+    specs = state_specs(program)
+    if not specs:
+        raise SSMCCError(
+            "this program has no SSM layer, so it has no recurrent state: prefill, "
+            "step and generate need one"
+        )
+    ctx = PassContext(verify=verify)
+    prefill, _ = run_passes(program, [expose_recurrent_state, *pipeline("default")], ctx)
+    step, _ = run_passes(program, [scan_to_recurrent_step, *pipeline("default")], ctx)
+    return StatefulPrograms(prefill, step, spec_dicts(specs))
