@@ -29,7 +29,14 @@ def clone_program(program: ExportedProgram) -> ExportedProgram:
     """A program with a copied graph module and shared weights."""
     with _quiet_pytree_deprecation():
         graph_module = copy.deepcopy(program.graph_module)
-        return program._update(graph_module, copy.deepcopy(program.graph_signature))
+        signature = copy.deepcopy(program.graph_signature)
+    # Copying a graph may rename a placeholder whose name shadows a builtin (input -> input_1).
+    placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+    for spec, node in zip(signature.input_specs, placeholders, strict=True):
+        if hasattr(spec.arg, "name"):
+            spec.arg.name = node.name
+    with _quiet_pytree_deprecation():
+        return program._update(graph_module, signature)
 
 
 def output_nodes(graph_module: GraphModule) -> list:

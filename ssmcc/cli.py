@@ -3,6 +3,8 @@
     ssmcc inspect MODEL          capture MODEL, run the passes, print the report
     ssmcc compile MODEL --target onnx --out DIR
                                  write a deployable artifact (model files + manifest.json)
+    ssmcc run DIR|MODEL --prompt-ids 1,2,3 --max-new-tokens N
+                                 generate, printing tokens as they come
     ssmcc presets                list the built-in models
     ssmcc coverage               which backend supports which ssmcc op
 
@@ -81,11 +83,71 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     compiled.save(args.out, overwrite=args.overwrite)
     manifest = ssmcc.load(args.out, kernels="reference").manifest
     total = sum(f["bytes"] for f in manifest["files"].values()) / 1e6
-    print(
-        f"wrote {args.out}: {', '.join(manifest['files'])} ({total:.1f} MB), "
-        f"inputs {manifest['inputs']}, ssmcc nodes {manifest['ssmcc_nodes']}"
-    )
+    print(f"wrote {args.out}: {', '.join(manifest['files'])} ({total:.1f} MB)")
+    for name, graph in manifest["graphs"].items():
+        first = graph["inputs"][0]
+        print(
+            f"  {name}: {graph['onnx_nodes']} ONNX nodes, ssmcc nodes {graph['ssmcc_nodes']}, "
+            f"inputs {first['name']}{first['dims']} + {len(graph['inputs']) - 1} state tensors"
+        )
     _progress(f"done in {time.perf_counter() - started:.1f}s")
+    return 0
+
+
+def _token_list(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated token ids, got {text!r}"
+        ) from error
+    if not ids:
+        raise argparse.ArgumentTypeError("the prompt needs at least one token id")
+    return ids
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import os
+
+    import torch
+
+    import ssmcc
+
+    started = time.perf_counter()
+    if os.path.isdir(args.model) and os.path.isfile(os.path.join(args.model, "manifest.json")):
+        _progress(f"loading artifact {args.model}")
+        compiled = ssmcc.load(args.model, kernels=args.kernels)
+    else:
+        from ssmcc.presets import load_model
+
+        _progress(f"loading {args.model} and compiling it for the torch target")
+        compiled = ssmcc.compile(load_model(args.model), target="torch", kernels=args.kernels)
+    prompt = torch.tensor([args.prompt_ids])
+    _progress(
+        f"ready in {time.perf_counter() - started:.1f}s; generating {args.max_new_tokens} token(s)"
+    )
+    first = None
+    count = 0
+    begin = time.perf_counter()
+    for token in compiled.stream(
+        prompt,
+        args.max_new_tokens,
+        do_sample=args.temperature > 0,
+        temperature=args.temperature or 1.0,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        eos_token_id=args.eos_id,
+    ):
+        first = first or time.perf_counter() - begin
+        count += 1
+        print(int(token[0]), end=" ", flush=True)
+    print()
+    total = time.perf_counter() - begin
+    rate = (count - 1) / (total - first) if count > 1 and total > first else float("nan")
+    _progress(
+        f"{count} token(s); time to first token {first * 1e3:.0f} ms, then {rate:.1f} tokens/s"
+    )
     return 0
 
 
@@ -172,6 +234,40 @@ def build_parser() -> argparse.ArgumentParser:
         help="kernels used to check the compiled model (default auto)",
     )
     comp.set_defaults(run=_cmd_compile)
+
+    run = commands.add_parser(
+        "run",
+        help="generate tokens, streaming them as they come",
+        description="Prefill PROMPT_IDS, then decode one token at a time with the recurrent step "
+        "graph, printing each token id as soon as it is chosen. DIR is an artifact written by "
+        "'ssmcc compile'; a preset or model directory is compiled for the torch target first.",
+    )
+    run.add_argument("model", metavar="DIR|MODEL", help="artifact directory, preset or model dir")
+    run.add_argument(
+        "--prompt-ids",
+        type=_token_list,
+        required=True,
+        metavar="IDS",
+        help="comma-separated prompt token ids, e.g. 1,2,3",
+    )
+    run.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (>= 1)")
+    run.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0 (default): greedy; > 0: sample at this temperature",
+    )
+    run.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
+    run.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with mass p")
+    run.add_argument("--seed", type=int, help="random seed for sampling")
+    run.add_argument("--eos-id", type=int, help="stop when every row produced this token")
+    run.add_argument(
+        "--kernels",
+        default="auto",
+        choices=["auto", "reference"],
+        help="ssmcc C++ kernels (auto) or the reference / portable path",
+    )
+    run.set_defaults(run=_cmd_run)
 
     presets = commands.add_parser(
         "presets", help="list the built-in models", description="List the built-in model presets."

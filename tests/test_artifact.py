@@ -33,7 +33,7 @@ def _copy(src: str, dst) -> str:
 
 def test_failed_write_leaves_nothing(tmp_path):
     def write_then_fail(folder):
-        with open(os.path.join(folder, "model.onnx"), "wb") as f:
+        with open(os.path.join(folder, "prefill.onnx"), "wb") as f:
             f.write(b"partial")
         raise RuntimeError("disk full")
 
@@ -55,26 +55,26 @@ def test_existing_directory_is_kept_unless_overwrite(saved, tmp_path):
 
 def test_missing_model_file_is_named(saved, tmp_path):
     folder = _copy(saved[1], tmp_path / "a")
-    os.remove(os.path.join(folder, "model.onnx"))
-    with pytest.raises(ArtifactError, match=r"model\.onnx is missing"):
+    os.remove(os.path.join(folder, "prefill.onnx"))
+    with pytest.raises(ArtifactError, match=r"prefill\.onnx is missing"):
         ssmcc.load(folder)
 
 
 def test_corrupt_model_file_is_named(saved, tmp_path):
     folder = _copy(saved[1], tmp_path / "b")
-    path = os.path.join(folder, "model.onnx")
+    path = os.path.join(folder, "prefill.onnx")
     data = bytearray(open(path, "rb").read())
     data[len(data) // 2] ^= 0xFF
     open(path, "wb").write(bytes(data))
-    with pytest.raises(ArtifactError, match=r"model\.onnx does not match its SHA-256"):
+    with pytest.raises(ArtifactError, match=r"prefill\.onnx does not match its SHA-256"):
         ssmcc.load(folder)
 
 
 def test_truncated_file_is_named(saved, tmp_path):
     folder = _copy(saved[1], tmp_path / "c")
-    path = os.path.join(folder, "model.onnx")
+    path = os.path.join(folder, "prefill.onnx")
     open(path, "r+b").truncate(100)
-    with pytest.raises(ArtifactError, match=r"model\.onnx has 100 bytes"):
+    with pytest.raises(ArtifactError, match=r"prefill\.onnx has 100 bytes"):
         ssmcc.load(folder)
 
 
@@ -95,9 +95,9 @@ def test_manifest_hash_mismatch_is_named(saved, tmp_path):
     folder = _copy(saved[1], tmp_path / "e")
     path = os.path.join(folder, "manifest.json")
     manifest = json.load(open(path))
-    manifest["files"]["model.onnx"]["sha256"] = "0" * 64
+    manifest["files"]["prefill.onnx"]["sha256"] = "0" * 64
     json.dump(manifest, open(path, "w"))
-    with pytest.raises(ArtifactError, match=r"model\.onnx does not match its SHA-256"):
+    with pytest.raises(ArtifactError, match=r"prefill\.onnx does not match its SHA-256"):
         ssmcc.load(folder)
 
 
@@ -119,7 +119,10 @@ def test_loaded_model_checks_inputs_before_onnxruntime(saved, ids, message):
 def test_cli_compile_writes_and_refuses_to_overwrite(tmp_path, capsys):
     out = str(tmp_path / "cli")
     assert main(["compile", "mamba-tiny", "--target", "onnx", "--out", out]) == 0
-    assert "ssmcc nodes ['CausalConv1d', 'SelectiveScan']" in capsys.readouterr().out
+    assert (
+        "ssmcc nodes ['CausalConv1d', 'SelectiveScan'], inputs input_ids['batch', 'seq']"
+        in capsys.readouterr().out
+    )
     assert main(["compile", "mamba-tiny", "--out", out]) == 1
     assert "already exists; pass --overwrite" in capsys.readouterr().err
     assert main(["compile", "mamba-tiny", "--out", out, "--overwrite"]) == 0

@@ -70,3 +70,40 @@ def test_help_explains_commands(capsys):
     assert "inspect" in out and "presets" in out and "coverage" in out
     assert main(["presets"]) == 0
     assert "mamba-130m" in capsys.readouterr().out
+
+
+def test_run_streams_greedy_tokens_from_an_artifact(tmp_path, capsys):
+    import torch
+
+    import ssmcc
+    from ssmcc.presets import build_preset
+
+    out = str(tmp_path / "art")
+    assert main(["compile", "mamba-tiny", "--out", out]) == 0
+    capsys.readouterr()
+    assert main(["run", out, "--prompt-ids", "1,2,3", "--max-new-tokens", "6"]) == 0
+    captured = capsys.readouterr()
+    tokens = [int(t) for t in captured.out.split()]
+    expected = ssmcc.compile(build_preset("mamba-tiny")).generate(torch.tensor([[1, 2, 3]]), 6)
+    assert tokens == expected[0, 3:].tolist()
+    assert "time to first token" in captured.err
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["run", "mamba-tiny", "--prompt-ids", "1,x"], "expected comma-separated token ids"),
+        (
+            ["run", "mamba-tiny", "--prompt-ids", "1", "--max-new-tokens", "0"],
+            "max_new_tokens must be an integer >= 1",
+        ),
+        (["run", "mamba-tiny", "--prompt-ids", "999999"], "outside the vocabulary"),
+    ],
+)
+def test_run_rejects_bad_input(argv, message, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as exit_info:  # argparse errors exit with 2
+        code = exit_info.code
+    assert code != 0
+    assert message in capsys.readouterr().err

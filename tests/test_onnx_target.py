@@ -33,7 +33,8 @@ def test_onnx_matches_eager(model_and_artifact, kernels, batch, length):
     model, _, folder = model_and_artifact
     loaded = ssmcc.load(folder, kernels=kernels, verify=False)
     expected_kernels = "ssmcc ORT library" if kernels == "auto" else "portable function bodies"
-    assert loaded._runner.session.ssmcc_kernels == expected_kernels
+    for session in loaded._runner.sessions.values():
+        assert session.ssmcc_kernels == expected_kernels
     ids = torch.randint(
         0, model.config.vocab_size, (batch, length), generator=torch.Generator().manual_seed(length)
     )
@@ -51,7 +52,7 @@ def test_the_ort_library_builds_here():
 
 def test_one_custom_node_per_op_per_layer_and_full_check(model_and_artifact):
     model, compiled, folder = model_and_artifact
-    proto = onnx.load(os.path.join(folder, "model.onnx"))
+    proto = onnx.load(os.path.join(folder, "prefill.onnx"))
     onnx.checker.check_model(proto, full_check=True)
     custom = [n.op_type for n in proto.graph.node if n.domain == "ssmcc"]
     layers = model.config.num_hidden_layers
@@ -66,22 +67,37 @@ def test_one_custom_node_per_op_per_layer_and_full_check(model_and_artifact):
         [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
         for i in proto.graph.input
     ]
-    assert dims == [["batch", "seq"]]
+    assert dims[0] == ["batch", "seq"]
+    assert all(d[0] == "batch" for d in dims[1:]) and len(dims) == 1 + 2 * layers
 
 
-def test_artifact_size_is_the_weights(model_and_artifact):
-    model, compiled, folder = model_and_artifact
-    weights = {id(p): p.numel() * p.element_size() for p in model.parameters()}
-    total = sum(compiled.manifest["files"][name]["bytes"] for name in compiled.manifest["files"])
-    assert abs(total - sum(weights.values())) <= 0.05 * sum(weights.values()) + 64 * 1024
+@pytest.mark.parametrize("family", ["mamba", "falcon_mamba"])
+def test_artifact_size_is_the_weights(family):
+    """Both graphs share one weights.bin: the files add up to the weights (within 5%)."""
+    model = make_hf_model(
+        family,
+        vocab_size=4096,
+        hidden_size=256,
+        num_hidden_layers=2,
+        state_size=16,
+        time_step_rank=16,
+    )
+    compiled = ssmcc.compile(model, target="onnx")
+    weights = sum({id(p): p.numel() * p.element_size() for p in model.parameters()}.values())
+    total = sum(entry["bytes"] for entry in compiled.manifest["files"].values())
+    assert abs(total - weights) <= 0.05 * weights, (total, weights)
 
 
 def test_manifest_describes_the_model(model_and_artifact):
     model, compiled, folder = model_and_artifact
     manifest = ssmcc.load(folder).manifest
     assert manifest["target"] == "onnx" and manifest["opset"] == {"": 20, "ssmcc": 1}
-    assert manifest["inputs"] == [{"name": "input_ids", "dtype": "int64", "dims": ["batch", "seq"]}]
-    assert manifest["outputs"][0]["dims"] == ["batch", "seq", model.config.vocab_size]
+    prefill = manifest["graphs"]["prefill"]
+    assert prefill["inputs"][0] == {"name": "input_ids", "dtype": "int64", "dims": ["batch", "seq"]}
+    assert prefill["outputs"][0]["dims"] == ["batch", "seq", model.config.vocab_size]
+    step_logits = manifest["graphs"]["step"]["outputs"][0]
+    assert step_logits["dims"] == ["batch", model.config.vocab_size]
+    assert sorted(manifest["files"]) == ["prefill.onnx", "step.onnx", "weights.bin"]
     assert set(manifest["versions"]) >= {"ssmcc", "torch", "onnx", "onnxruntime"}
     assert all(len(entry["sha256"]) == 64 for entry in manifest["files"].values())
 
@@ -89,11 +105,17 @@ def test_manifest_describes_the_model(model_and_artifact):
 def test_portable_body_is_what_runs_without_library(tmp_path):
     """Replace the SelectiveScan function body by a wrong one: the library's kernel must take
     precedence (right logits), and without the library the (wrong) body must run."""
+    import shutil
+
+    import numpy as np
     from onnx import helper
+
+    from ssmcc.lowering.onnx.runtime import make_session
 
     model = make_hf_model("mamba", num_hidden_layers=1)
     compiled = ssmcc.compile(model, target="onnx")
-    proto = onnx.load(os.path.join(compiled.artifact_dir, "model.onnx"))
+    folder = shutil.copytree(compiled.artifact_dir, tmp_path / "copy")
+    proto = onnx.load(str(folder / "prefill.onnx"), load_external_data=False)
     index = next(i for i, f in enumerate(proto.functions) if f.name == "SelectiveScan")
     wrong = helper.make_function(
         "ssmcc",
@@ -108,14 +130,18 @@ def test_portable_body_is_what_runs_without_library(tmp_path):
         attributes=["delta_softplus", "has_z"],
     )
     proto.functions[index].CopyFrom(wrong)
-    path = tmp_path / "wrong_body.onnx"
-    onnx.save(proto, str(path))
-    from ssmcc.lowering.onnx.runtime import OnnxRunner, make_session
+    path = str(folder / "wrong_body.onnx")
+    onnx.save(proto, path)  # next to weights.bin, which it references
 
     ids = torch.randint(0, model.config.vocab_size, (2, 9))
     with torch.no_grad():
         expected = model(ids).logits
-    with_library = OnnxRunner(make_session(str(path), "auto"))(ids)
-    portable = OnnxRunner(make_session(str(path), "reference"))(ids)
-    assert (with_library - expected).abs().max() <= TOLERANCE
-    assert (portable - expected).abs().max() > 1e-2
+    feed = {"input_ids": ids.numpy()}
+    for spec in compiled.state_specs:
+        feed[spec["name"]] = np.zeros((2, *spec["shape"][1:]), dtype=np.float32)
+
+    def run(kernels):
+        return torch.from_numpy(make_session(path, kernels).run(["logits"], feed)[0])
+
+    assert (run("auto") - expected).abs().max() <= TOLERANCE
+    assert (run("reference") - expected).abs().max() > 1e-2

@@ -7,9 +7,13 @@
 #define SSMCC_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace {
+// Below this many inner-loop iterations a call runs on the calling thread: waking an OpenMP team
+// costs more than it saves at decode sizes (and torch's own OpenMP threads may still be spinning).
+constexpr int64_t kParallelWork = int64_t(1) << 18;
+
 template <typename Fn>
-void parallel_rows(int64_t rows, int threads, Fn fn) {
-  if (threads <= 1 || rows < 2) {
+void parallel_rows(int64_t rows, int64_t work_per_row, int threads, Fn fn) {
+  if (threads <= 1 || rows < 2 || rows * work_per_row < kParallelWork) {
     fn(0, rows);
     return;
   }
@@ -34,7 +38,7 @@ SSMCC_EXPORT int ssmcc_selective_scan_f32(const float* u, const float* delta, co
   ssmcc::transpose_state_length(C, Ct.data(), batch * groups, dstate, length);
   ssmcc::ScanArgs args{u,   delta, A,     Bt.data(), Ct.data(), D,      z,      delta_bias, h0,
                        out, last,  batch, dim,       length,    groups, dstate, softplus != 0};
-  parallel_rows(batch * dim, threads,
+  parallel_rows(batch * dim, length * dstate, threads,
                 [&](int64_t b, int64_t e) { ssmcc::selective_scan_rows(args, b, e); });
   return 0;
 }
@@ -45,7 +49,7 @@ SSMCC_EXPORT int ssmcc_causal_conv1d_f32(const float* x, const float* weight, co
                                          int64_t width, int32_t silu, int32_t threads) {
   ssmcc::ConvArgs args{x, weight, bias, state0, out, final_state, batch, dim, length, width,
                        silu != 0};
-  parallel_rows(batch * dim, threads,
+  parallel_rows(batch * dim, length * width, threads,
                 [&](int64_t b, int64_t e) { ssmcc::causal_conv1d_rows(args, b, e); });
   return 0;
 }
@@ -59,7 +63,7 @@ SSMCC_EXPORT int ssmcc_selective_state_update_f32(const float* state, const floa
                                                   int32_t softplus, int32_t threads) {
   ssmcc::StepArgs args{state, x,         dt,    A,   B,      C,      D,           z,
                        dt_bias, out,     new_state, batch, dim, groups, dstate, softplus != 0};
-  parallel_rows(batch * dim, threads,
+  parallel_rows(batch * dim, dstate, threads,
                 [&](int64_t b, int64_t e) { ssmcc::selective_state_update_rows(args, b, e); });
   return 0;
 }
@@ -70,7 +74,7 @@ SSMCC_EXPORT int ssmcc_causal_conv1d_update_f32(const float* x, const float* sta
                                                 int64_t dim, int64_t width, int32_t silu,
                                                 int32_t threads) {
   ssmcc::ConvStepArgs args{x, state, weight, bias, out, new_state, batch, dim, width, silu != 0};
-  parallel_rows(batch * dim, threads,
+  parallel_rows(batch * dim, width, threads,
                 [&](int64_t b, int64_t e) { ssmcc::causal_conv1d_update_rows(args, b, e); });
   return 0;
 }
