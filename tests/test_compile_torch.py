@@ -62,7 +62,7 @@ def test_both_kernel_choices_match_eager(kernels):
 
     model = make_hf_model("mamba")
     compiled = ssmcc.compile(model, kernels=kernels)
-    targets = {n.target for n in compiled._runner.graph.nodes if n.op == "call_function"}
+    targets = {n.target for n in compiled._runner.module.graph.nodes if n.op == "call_function"}
     uses_cpp = KERNELS["selective_scan"] in targets
     assert uses_cpp == (kernels == "auto")
     ids = torch.randint(0, model.config.vocab_size, (2, 33))
