@@ -11,7 +11,7 @@ from torch.export import ExportedProgram
 from ssmcc.capture.inputs import check_token_ids
 from ssmcc.capture.report import CaptureReport
 from ssmcc.errors import InputError, SSMCCError
-from ssmcc.generation import Sampling, generate, stream
+from ssmcc.generation import Sampling, stream
 from ssmcc.state import State, check_state
 
 
@@ -154,55 +154,34 @@ class CompiledModel:
         logits, new = self._runner.step(ids, check_state(state, specs, ids.shape[0]))
         return logits, State(dict(zip([s["name"] for s in specs], new, strict=True)))
 
-    def stream(
-        self,
-        input_ids,
-        max_new_tokens: int,
-        *,
-        do_sample: bool = False,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        eos_token_id: int | None = None,
-    ):
-        """Yield each new token column (b,) as soon as it is chosen."""
+    def stream(self, input_ids, max_new_tokens: int, **sampling):
+        """Yield each new token column (b,) as soon as it is chosen. Keyword arguments as for
+        ``generate`` (without ``streamer``)."""
         self._require_states()
-        sampling = Sampling(do_sample, temperature, top_k, top_p, seed)
+        eos_token_id = sampling.pop("eos_token_id", None)
         return stream(
             self.prefill,
             self.step,
             check_token_ids(input_ids, self.vocab_size),
             max_new_tokens,
-            sampling,
+            Sampling(**sampling),
             eos_token_id,
         )
 
     def generate(
-        self,
-        input_ids,
-        max_new_tokens: int,
-        *,
-        do_sample: bool = False,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        eos_token_id: int | None = None,
-        streamer=None,
+        self, input_ids, max_new_tokens: int, *, streamer=None, **sampling
     ) -> torch.Tensor:
-        """Prompt + new tokens (b, l + new). ``streamer(token_column)`` is called per token."""
-        self._require_states()
-        sampling = Sampling(do_sample, temperature, top_k, top_p, seed)
-        return generate(
-            self.prefill,
-            self.step,
-            check_token_ids(input_ids, self.vocab_size),
-            max_new_tokens,
-            sampling,
-            eos_token_id,
-            streamer,
-        )
+        """Prompt + new tokens (b, l + new).
+
+        Keywords: ``do_sample`` (default greedy), ``temperature``, ``top_k``, ``top_p``, ``seed``,
+        ``eos_token_id``; ``streamer(token_column)`` is called for each new token.
+        """
+        columns = []
+        for token in self.stream(input_ids, max_new_tokens, **sampling):
+            if streamer is not None:
+                streamer(token)
+            columns.append(token)
+        return torch.cat([input_ids.long(), torch.stack(columns, dim=1)], dim=1)
 
     # -- artifacts --------------------------------------------------------------------------
     def save(self, out_dir: str, overwrite: bool = False) -> None:

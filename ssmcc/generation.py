@@ -79,21 +79,3 @@ def stream(
         if produced + 1 == max_new_tokens or (eos_token_id is not None and finished.all()):
             return
         logits, state = step(token[:, None], state)
-
-
-def generate(
-    prefill,
-    step,
-    input_ids,
-    max_new_tokens,
-    sampling=Sampling(),
-    eos_token_id=None,
-    streamer: Callable[[torch.Tensor], None] | None = None,
-) -> torch.Tensor:
-    """The prompt followed by the generated tokens, (b, prompt + new)."""
-    columns = []
-    for token in stream(prefill, step, input_ids, max_new_tokens, sampling, eos_token_id):
-        if streamer is not None:
-            streamer(token)
-        columns.append(token)
-    return torch.cat([input_ids, torch.stack(columns, dim=1)], dim=1)

@@ -70,6 +70,54 @@ class _Body:
             helper.make_node("If", [flag], [output], then_branch=then_graph, else_branch=else_graph)
         )
 
+    def softplus_if(self, attribute: str, value: str, output: str) -> None:
+        """``output = Softplus(value)`` when the int attribute is 1, else ``value``."""
+        self.select(
+            self.attr_flag(attribute),
+            f"{output}_soft",
+            f"{output}_plain",
+            [helper.make_node("Softplus", [value], [f"{output}_soft"])],
+            [helper.make_node("Identity", [value], [f"{output}_plain"])],
+            output,
+        )
+
+    def gate_if(self, attribute: str, value: str, gate: str, output: str) -> None:
+        """``output = value * silu(gate)`` when the int attribute is 1, else ``value``."""
+        self.select(
+            self.attr_flag(attribute),
+            f"{output}_gated",
+            f"{output}_plain",
+            [
+                helper.make_node("Sigmoid", [gate], [f"{output}_sig"]),
+                helper.make_node("Mul", [gate, f"{output}_sig"], [f"{output}_silu"]),
+                helper.make_node("Mul", [value, f"{output}_silu"], [f"{output}_gated"]),
+            ],
+            [helper.make_node("Identity", [value], [f"{output}_plain"])],
+            output,
+        )
+
+    def silu_if(self, attribute: str, value: str, output: str) -> None:
+        """``output = value * Sigmoid(value)`` when the int attribute is 1, else ``value``."""
+        self.select(
+            self.attr_flag(attribute),
+            f"{output}_silu",
+            f"{output}_plain",
+            [
+                helper.make_node("Sigmoid", [value], [f"{output}_sig"]),
+                helper.make_node("Mul", [value, f"{output}_sig"], [f"{output}_silu"]),
+            ],
+            [helper.make_node("Identity", [value], [f"{output}_plain"])],
+            output,
+        )
+
+    def broadcast_shapes(self, x: str, B: str, A: str) -> tuple[str, str, str]:
+        """Shapes taking B/C (b, g, n) to channels: (b, g, 1, n) -> (b, g, d/g, n) -> (b, d, n)."""
+        b, d = _dim(self, x, 0), _dim(self, x, 1)
+        g, n = _dim(self, B, 1), _dim(self, A, 1)
+        grouped = self.op("Concat", b, g, self.const([1]), n, axis=0)
+        expanded = self.op("Concat", b, g, self.op("Div", d, g), n, axis=0)
+        return grouped, expanded, self.op("Concat", b, d, n, axis=0)
+
 
 def _dim(body: _Body, tensor: str, axis: int) -> str:
     return body.op("Shape", tensor, start=axis, end=axis + 1)
@@ -81,23 +129,9 @@ def selective_scan_function(opset: int) -> onnx.FunctionProto:
     inputs = ["u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state"]
     # dt = delta + bias, then softplus when asked
     dt_raw = body.op("Add", "delta", body.op("Unsqueeze", "delta_bias", body.const([1])))
-    softplus_flag = body.attr_flag("delta_softplus")
-    body.select(
-        softplus_flag,
-        "dt_soft",
-        "dt_plain",
-        [helper.make_node("Softplus", [dt_raw], ["dt_soft"])],
-        [helper.make_node("Identity", [dt_raw], ["dt_plain"])],
-        "dt",
-    )
+    body.softplus_if("delta_softplus", dt_raw, "dt")
     # shapes for broadcasting B_t / C_t (b, g, n) to (b, d, n) inside the loop
-    b, d = _dim(body, "u", 0), _dim(body, "u", 1)
-    g, n = _dim(body, "B", 1), _dim(body, "A", 1)
-    one = body.const([1])
-    per_group = body.op("Div", d, g)
-    grouped_shape = body.op("Concat", b, g, one, n, axis=0)
-    expanded_shape = body.op("Concat", b, g, per_group, n, axis=0)
-    channel_shape = body.op("Concat", b, d, n, axis=0)
+    grouped_shape, expanded_shape, channel_shape = body.broadcast_shapes("u", "B", "A")
 
     step_nodes = []
 
@@ -136,19 +170,7 @@ def selective_scan_function(opset: int) -> onnx.FunctionProto:
     )
     skip = body.op("Mul", body.op("Unsqueeze", "D", body.const([1])), "u")
     y = body.op("Add", "y_scan", skip)
-    gate_flag = body.attr_flag("has_z")
-    body.select(
-        gate_flag,
-        "gated",
-        "ungated",
-        [
-            helper.make_node("Sigmoid", ["z"], ["z_sig"]),
-            helper.make_node("Mul", ["z", "z_sig"], ["z_silu"]),
-            helper.make_node("Mul", [y, "z_silu"], ["gated"]),
-        ],
-        [helper.make_node("Identity", [y], ["ungated"])],
-        "y_gated",
-    )
+    body.gate_if("has_z", y, "z", "y_gated")
     body.nodes.append(helper.make_node("CastLike", ["y_gated", "u"], ["out"]))
     return helper.make_function(
         DOMAIN,
@@ -165,20 +187,8 @@ def selective_state_update_function(opset: int) -> onnx.FunctionProto:
     """One step: ``new = Exp(dt' A) * state + (dt' x) B``, ``y = sum(new * C) + D x``, gated."""
     body = _Body("su")
     inputs = ["state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias"]
-    dt_raw = body.op("Add", "dt", "dt_bias")
-    body.select(
-        body.attr_flag("dt_softplus"),
-        "dt_soft",
-        "dt_plain",
-        [helper.make_node("Softplus", [dt_raw], ["dt_soft"])],
-        [helper.make_node("Identity", [dt_raw], ["dt_plain"])],
-        "dt_final",
-    )
-    b, d = _dim(body, "x", 0), _dim(body, "x", 1)
-    g, n = _dim(body, "B", 1), _dim(body, "A", 1)
-    grouped = body.op("Concat", b, g, body.const([1]), n, axis=0)
-    expanded = body.op("Concat", b, g, body.op("Div", d, g), n, axis=0)
-    channels = body.op("Concat", b, d, n, axis=0)
+    body.softplus_if("dt_softplus", body.op("Add", "dt", "dt_bias"), "dt_final")
+    grouped, expanded, channels = body.broadcast_shapes("x", "B", "A")
 
     def per_channel(value):
         return body.op(
@@ -196,18 +206,7 @@ def selective_state_update_function(opset: int) -> onnx.FunctionProto:
     )
     y = body.op("ReduceSum", body.op("Mul", "new_state", per_channel("C")), axis2, keepdims=0)
     y = body.op("Add", y, body.op("Mul", "D", "x"))
-    body.select(
-        body.attr_flag("has_z"),
-        "gated",
-        "ungated",
-        [
-            helper.make_node("Sigmoid", ["z"], ["z_sig"]),
-            helper.make_node("Mul", ["z", "z_sig"], ["z_silu"]),
-            helper.make_node("Mul", [y, "z_silu"], ["gated"]),
-        ],
-        [helper.make_node("Identity", [y], ["ungated"])],
-        "y_gated",
-    )
+    body.gate_if("has_z", y, "z", "y_gated")
     body.nodes.append(helper.make_node("CastLike", ["y_gated", "x"], ["out"]))
     return helper.make_function(
         DOMAIN,
@@ -229,17 +228,7 @@ def causal_conv1d_update_function(opset: int) -> onnx.FunctionProto:
     pre = body.op(
         "Add", body.op("ReduceSum", body.op("Mul", xs, "weight"), axis2, keepdims=0), "bias"
     )
-    body.select(
-        body.attr_flag("activation"),
-        "act_silu",
-        "act_none",
-        [
-            helper.make_node("Sigmoid", [pre], ["pre_sig"]),
-            helper.make_node("Mul", [pre, "pre_sig"], ["act_silu"]),
-        ],
-        [helper.make_node("Identity", [pre], ["act_none"])],
-        "activated",
-    )
+    body.silu_if("activation", pre, "activated")
     body.nodes.append(helper.make_node("CastLike", ["activated", "x"], ["out"]))
     body.nodes.append(
         helper.make_node(
@@ -271,18 +260,7 @@ def causal_conv1d_function(opset: int, width: int) -> onnx.FunctionProto:
         term = body.op("Mul", body.op("Reshape", tap, body.const([1, -1, 1])), window)
         total = term if total is None else body.op("Add", total, term)
     pre = body.op("Add", total, body.op("Unsqueeze", "bias", axis1))
-    silu_flag = body.attr_flag("activation")
-    body.select(
-        silu_flag,
-        "act_silu",
-        "act_none",
-        [
-            helper.make_node("Sigmoid", [pre], ["pre_sig"]),
-            helper.make_node("Mul", [pre, "pre_sig"], ["act_silu"]),
-        ],
-        [helper.make_node("Identity", [pre], ["act_none"])],
-        "activated",
-    )
+    body.silu_if("activation", pre, "activated")
     body.nodes.append(helper.make_node("CastLike", ["activated", "x"], ["out"]))
     xs_len = _dim(body, xs, 2)
     state_start = body.op("Sub", xs_len, body.const([width - 1]))
