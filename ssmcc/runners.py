@@ -66,7 +66,15 @@ class OnnxRunner:
         outputs = session.run(None, dict(zip(names, arrays, strict=True)))
         return torch.from_numpy(outputs[0]), [torch.from_numpy(o) for o in outputs[1:]]
 
-    def logits(self, input_ids):
+    def logits(self, *args):
+        if not self.specs:  # a plain module: its own inputs and outputs, as exported
+            names = [i["name"] for i in self.graphs["prefill"]["inputs"]]
+            feed = {
+                name: np.ascontiguousarray(a.numpy()) for name, a in zip(names, args, strict=True)
+            }
+            outputs = [torch.from_numpy(o) for o in self.sessions["prefill"].run(None, feed)]
+            return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        (input_ids,) = args
         zeros = [torch.zeros(input_ids.shape[0], *s["shape"][1:]) for s in self.specs]
         return self._run("prefill", input_ids, zeros)[0]
 

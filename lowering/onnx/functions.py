@@ -10,8 +10,10 @@ registered for its domain/op, and prefers a registered custom-op kernel when the
     y_t = ReduceSum(h_t * C_t, n)
     out = y + D[:, None] * u;  out = out * z * Sigmoid(z) if has_z
 
-B_t and C_t (b, g, n) are broadcast to channels inside the loop body (b, g, d/g, n) -> (b, d, n),
-so no (b, d, n, l) tensor is ever materialised. ``CausalConv1d``: ``xs = Concat(state, x)``;
+Inside the loop the state is grouped (b, g, d/g, n) so B_t and C_t broadcast to the channels of
+their group; no (b, d, n, l) tensor is ever materialised.
+
+``CausalConv1d``: ``xs = Concat(state, x)``;
 ``out = sum_j weight[:, j] * xs[:, :, j : j + l] + bias`` (k unrolled), silu when asked; the final
 state is the last k-1 columns of ``xs``.
 """
@@ -124,52 +126,71 @@ def _dim(body: _Body, tensor: str, axis: int) -> str:
 
 
 def selective_scan_function(opset: int) -> onnx.FunctionProto:
-    """The body for a model whose default-domain opset is ``opset`` (>= 18)."""
+    """The body for a model whose default-domain opset is ``opset`` (>= 18).
+
+    The loop state is kept as (b, g, d/g, n), so B_t and C_t (b, g, 1, n) broadcast over the
+    channels of their group without a copy, and dt, dt * u are computed for all steps before the
+    loop: each step is Exp, 3 Mul, Add, Mul, ReduceSum on (b, d, n) values.
+    """
     body = _Body("ss")
     inputs = ["u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state"]
-    # dt = delta + bias, then softplus when asked
     dt_raw = body.op("Add", "delta", body.op("Unsqueeze", "delta_bias", body.const([1])))
     body.softplus_if("delta_softplus", dt_raw, "dt")
-    # shapes for broadcasting B_t / C_t (b, g, n) to (b, d, n) inside the loop
-    grouped_shape, expanded_shape, channel_shape = body.broadcast_shapes("u", "B", "A")
-
-    step_nodes = []
-
-    def step(op_type, *ins, **attrs):
-        name = f"step_{op_type.lower()}_{len(step_nodes)}"
-        step_nodes.append(helper.make_node(op_type, list(ins), [name], **attrs))
-        return name
-
-    def per_channel(value):
-        grouped = step("Reshape", value, grouped_shape)
-        return step("Reshape", step("Expand", grouped, expanded_shape), channel_shape)
-
-    axis2 = step("Constant", value=helper.make_tensor("v", TensorProto.INT64, [1], [2]))
-    decay = step("Exp", step("Mul", step("Unsqueeze", "dt_t", axis2), "A"))
-    drive = step("Mul", step("Unsqueeze", step("Mul", "dt_t", "u_t"), axis2), per_channel("B_t"))
-    step_nodes.append(helper.make_node("Add", [step("Mul", decay, "h_prev"), drive], ["h_next"]))
-    weighted = step("Mul", "h_next", per_channel("C_t"))
-    step_nodes.append(helper.make_node("ReduceSum", [weighted, axis2], ["y_t"], keepdims=0))
+    dtu = body.op("Mul", "dt", "u")
+    b, d, length = _dim(body, "u", 0), _dim(body, "u", 1), _dim(body, "u", 2)
+    g, n = _dim(body, "B", 1), _dim(body, "A", 1)
+    per_group, one = body.op("Div", d, g), body.const([1])
+    by_group = body.op("Concat", b, g, per_group, one, length, axis=0)  # (b, g, d/g, 1, l)
+    dt5, dtu5 = body.op("Reshape", "dt", by_group), body.op("Reshape", dtu, by_group)
+    B5 = body.op("Unsqueeze", "B", body.const([2]))  # (b, g, 1, n, l)
+    C5 = body.op("Unsqueeze", "C", body.const([2]))
+    body.nodes.append(
+        helper.make_node(
+            "Reshape", ["A", body.op("Concat", g, per_group, n, axis=0)], ["A_grouped"]
+        )
+    )
+    h0 = body.op("Reshape", "initial_state", body.op("Concat", b, g, per_group, n, axis=0))
+    body.nodes.append(
+        helper.make_node(
+            "Constant",
+            [],
+            ["state_axis"],
+            value=helper.make_tensor("v", TensorProto.INT64, [1], [3]),
+        )
+    )
+    step_nodes = [
+        helper.make_node("Mul", ["dt_s", "A_grouped"], ["rate"]),
+        helper.make_node("Exp", ["rate"], ["decay"]),  # (b, g, d/g, n)
+        helper.make_node("Mul", ["decay", "h_prev"], ["carried"]),
+        helper.make_node("Mul", ["dtu_s", "B_s"], ["drive"]),
+        helper.make_node("Add", ["carried", "drive"], ["h_next"]),
+        helper.make_node("Mul", ["h_next", "C_s"], ["weighted"]),
+        helper.make_node("ReduceSum", ["weighted", "state_axis"], ["y_s"], keepdims=0),
+    ]
     untyped = onnx.TypeProto()
     step_graph = helper.make_graph(
         step_nodes,
         "selective_scan_step",
-        [helper.make_value_info(name, untyped) for name in ("h_prev", "u_t", "dt_t", "B_t", "C_t")],
-        [helper.make_value_info(name, untyped) for name in ("h_next", "y_t")],
+        [helper.make_value_info(v, untyped) for v in ("h_prev", "dt_s", "dtu_s", "B_s", "C_s")],
+        [helper.make_value_info(v, untyped) for v in ("h_next", "y_s")],
     )
     body.nodes.append(
         helper.make_node(
             "Scan",
-            ["initial_state", "u", "dt", "B", "C"],
-            ["last_state", "y_scan"],
+            [h0, dt5, dtu5, B5, C5],
+            ["h_last", "y_grouped"],
             body=step_graph,
             num_scan_inputs=4,
-            scan_input_axes=[2, 2, 3, 3],
-            scan_output_axes=[2],
+            scan_input_axes=[4, 4, 4, 4],
+            scan_output_axes=[3],
         )
     )
+    body.nodes.append(
+        helper.make_node("Reshape", ["h_last", body.op("Concat", b, d, n, axis=0)], ["last_state"])
+    )
+    y_scan = body.op("Reshape", "y_grouped", body.op("Concat", b, d, length, axis=0))
     skip = body.op("Mul", body.op("Unsqueeze", "D", body.const([1])), "u")
-    y = body.op("Add", "y_scan", skip)
+    y = body.op("Add", y_scan, skip)
     body.gate_if("has_z", y, "z", "y_gated")
     body.nodes.append(helper.make_node("CastLike", ["y_gated", "u"], ["out"]))
     return helper.make_function(
