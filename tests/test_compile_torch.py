@@ -58,7 +58,7 @@ def test_unbuilt_and_unknown_targets_are_refused_clearly():
 
 @pytest.mark.parametrize("kernels", ["auto", "reference"])
 def test_both_kernel_choices_match_eager(kernels):
-    from ssmcc.kernels.cpu.torch_binding import KERNELS
+    from ssmcc.kernels.cpu.torch_binding import VERIFIED_PROGRAM_KERNELS as KERNELS
 
     model = make_hf_model("mamba")
     compiled = ssmcc.compile(model, kernels=kernels)

@@ -28,7 +28,7 @@ def _emit(name: str, kernels: str):
         from ssmcc.kernels.cpu import torch_binding
 
         if torch_binding.available():
-            return torch_binding.KERNELS[name]
+            return torch_binding.VERIFIED_PROGRAM_KERNELS[name]
     return SSMCC_OPS[name]
 
 
