@@ -1,7 +1,8 @@
 """Lowering tables: one per backend, from each ssmcc op to the emitter that handles it.
 
-``Emitter.emit(node)`` returns what the backend puts in place of the node; ``kernel`` names the
-implementation for the coverage report. A backend that cannot handle an op says why in
+``Emitter.emit`` is the backend's own hook (torch: ``emit(node, kernels)`` returns the callable the
+node will call; onnx: a torch.onnx translation function emitting the ssmcc node); ``kernel`` names
+the implementation for the coverage report. A backend that cannot handle an op says why in
 ``UNSUPPORTED[backend][op]``; ``coverage()`` lists every op x backend either way.
 """
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable
-from typing import Protocol
 
 from torch.export import ExportedProgram
 
@@ -34,12 +33,6 @@ class PassResult:
     program: ExportedProgram
     modified: bool
     stats: Counter = dataclasses.field(default_factory=Counter)
-
-
-class Pass(Protocol):
-    __name__: str
-
-    def __call__(self, program: ExportedProgram, ctx: PassContext) -> PassResult: ...
 
 
 PassFn = Callable[[ExportedProgram, PassContext], PassResult]

@@ -36,18 +36,18 @@ COMMON_FLAGS = [
 HEADER = "onnxruntime_cxx_api.h"
 
 
-def cache_dir() -> str:
-    root = os.environ.get("SSMCC_CACHE_DIR") or os.path.join(
+def _cache_root() -> str:
+    return os.environ.get("SSMCC_CACHE_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "ssmcc"
     )
-    return os.path.join(root, "kernels")
+
+
+def cache_dir() -> str:
+    return os.path.join(_cache_root(), "kernels")
 
 
 def default_header_dir() -> str:
-    root = os.environ.get("SSMCC_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "ssmcc"
-    )
-    return os.path.join(root, "ort-headers", "onnxruntime")
+    return os.path.join(_cache_root(), "ort-headers", "onnxruntime")
 
 
 def find_ort_headers() -> str | None:

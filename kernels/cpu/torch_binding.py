@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ssmcc.kernels.cpu.build import build_torch_kernels
+from ssmcc.ops._shapes import uses_silu
 from ssmcc.ops.causal_conv1d import check_causal_conv1d_args, check_causal_conv1d_update_args
 from ssmcc.ops.selective_scan import check_selective_scan_args
 from ssmcc.ops.selective_state_update import check_selective_state_update_args
@@ -105,7 +106,7 @@ def _causal_conv1d(x, weight, bias=None, initial_state=None, activation=None):
         dim,
         length,
         width,
-        _silu_flag(activation),
+        int(uses_silu("causal_conv1d", activation)),
         torch.get_num_threads(),
     )
     return out.to(x.dtype), final
@@ -158,20 +159,10 @@ def _causal_conv1d_update(x, conv_state, weight, bias=None, activation=None):
         batch,
         dim,
         weight.shape[1],
-        _silu_flag(activation),
+        int(uses_silu("causal_conv1d_update", activation)),
         torch.get_num_threads(),
     )
     return out.to(x.dtype), new_state
-
-
-def _silu_flag(activation: str | None) -> int:
-    from ssmcc.ops._shapes import SUPPORTED_ACTIVATIONS
-
-    if activation not in SUPPORTED_ACTIVATIONS:
-        raise RuntimeError(
-            f"ssmcc: activation {activation!r} is not supported; use one of {SUPPORTED_ACTIVATIONS}"
-        )
-    return 0 if activation is None else 1
 
 
 KERNELS = {

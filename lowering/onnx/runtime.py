@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import onnxruntime as ort
-import torch
 
 
 def custom_op_library(kernels: str) -> str | None:
@@ -33,15 +31,3 @@ def make_session(path: str, kernels: str = "auto", threads: int | None = None):
     session = ort.InferenceSession(os.fspath(path), options, providers=["CPUExecutionProvider"])
     session.ssmcc_kernels = "ssmcc ORT library" if library else "portable function bodies"
     return session
-
-
-class OnnxRunner:
-    """``runner(input_ids) -> logits`` (torch tensors in and out) over an ORT session."""
-
-    def __init__(self, session, input_name: str = "input_ids"):
-        self.session = session
-        self.input_name = input_name
-
-    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
-        feed = {self.input_name: np.ascontiguousarray(input_ids.numpy(), dtype=np.int64)}
-        return torch.from_numpy(self.session.run(None, feed)[0])

@@ -81,10 +81,15 @@ def expand_groups(tensor: Tensor, dim: int, grouped_rank: int) -> Tensor:
 SUPPORTED_ACTIVATIONS = (None, "silu", "swish")
 
 
-def apply_activation(op: str, x: Tensor, activation: str | None) -> Tensor:
+def uses_silu(op: str, activation: str | None) -> bool:
+    """Check ``activation`` and say whether it is silu (the only non-identity one)."""
     expect(
         activation in SUPPORTED_ACTIVATIONS,
         op,
         f"activation {activation!r} is not supported; use one of {SUPPORTED_ACTIVATIONS}",
     )
-    return x if activation is None else torch.nn.functional.silu(x)
+    return activation is not None
+
+
+def apply_activation(op: str, x: Tensor, activation: str | None) -> Tensor:
+    return torch.nn.functional.silu(x) if uses_silu(op, activation) else x

@@ -29,6 +29,7 @@ from ssmcc.ops._shapes import (
     expect_rank,
     expect_same_shape,
     expect_vector,
+    uses_silu,
 )
 
 
@@ -115,7 +116,7 @@ def causal_conv1d(
 @causal_conv1d.register_fake
 def _causal_conv1d_fake(x, weight, bias=None, initial_state=None, activation=None):
     check_causal_conv1d_args(x, weight, bias, initial_state)
-    apply_activation("causal_conv1d", x, activation)
+    uses_silu("causal_conv1d", activation)
     batch, dim, _ = x.shape
     state_shape = (batch, dim, weight.shape[1] - 1)
     return x.new_empty(x.shape), x.new_empty(state_shape, dtype=torch.float32)
@@ -136,5 +137,5 @@ def causal_conv1d_update(
 @causal_conv1d_update.register_fake
 def _causal_conv1d_update_fake(x, conv_state, weight, bias=None, activation=None):
     check_causal_conv1d_update_args(x, conv_state, weight, bias)
-    apply_activation("causal_conv1d_update", x, activation)
+    uses_silu("causal_conv1d_update", activation)
     return x.new_empty(x.shape), conv_state.new_empty(conv_state.shape, dtype=torch.float32)
