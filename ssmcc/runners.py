@@ -28,11 +28,13 @@ class TorchRunner:
         from ssmcc.stateful import derive_stateful_programs
 
         programs = derive_stateful_programs(self.program)
-        return (
-            lower(programs.prefill, "torch", kernels=self.kernels),
-            lower(programs.step, "torch", kernels=self.kernels),
-            programs,
-        )
+        prefill = lower(programs.prefill, "torch", kernels=self.kernels)
+        step = lower(programs.step, "torch", kernels=self.kernels)
+        for module in (prefill, step):
+            # CompiledModel checks the ids and every state before a runner sees them; the
+            # exported module's own pytree check would cost ~1 ms per decoded token.
+            module.validate_inputs = False
+        return prefill, step, programs
 
     @property
     def specs(self) -> list[dict]:

@@ -136,27 +136,42 @@ struct StepArgs {
   bool softplus;
 };
 
+// Rows go in blocks: the per-row transcendentals (softplus of dt, the silu gate) run first in
+// loops over the block, which vectorise, then the state loop per row.
+constexpr int64_t kStepBlock = 64;
+
 inline void selective_state_update_rows(const StepArgs& a, int64_t row_begin, int64_t row_end) {
   const int64_t n_state = a.dstate, per_group = a.dim / a.groups;
-  for (int64_t row = row_begin; row < row_end; ++row) {
-    const int64_t b = row / a.dim, c = row % a.dim, g = c / per_group;
-    float dt = a.dt[row] + (a.dt_bias ? a.dt_bias[c] : 0.f);
-    if (a.softplus) dt = softplus(dt);
-    const float xv = a.x[row], du = dt * xv;
-    const float* A = a.A + c * n_state;
-    const float* B = a.B + (b * a.groups + g) * n_state;
-    const float* C = a.C + (b * a.groups + g) * n_state;
-    const float* h = a.state + row * n_state;
-    float* hn = a.new_state + row * n_state;
-    float y = 0.f;
+  float dt_block[kStepBlock], gate_block[kStepBlock];
+  for (int64_t first = row_begin; first < row_end; first += kStepBlock) {
+    const int64_t count = std::min(kStepBlock, row_end - first);
+    for (int64_t r = 0; r < count; ++r)
+      dt_block[r] = a.dt[first + r] + (a.dt_bias ? a.dt_bias[(first + r) % a.dim] : 0.f);
+    if (a.softplus)
+      for (int64_t r = 0; r < count; ++r) dt_block[r] = softplus_vectorizable(dt_block[r]);
+    if (a.z)
+      for (int64_t r = 0; r < count; ++r) {
+        const float zv = a.z[first + r];
+        gate_block[r] = zv / (1.f + std::exp(-zv));
+      }
+    for (int64_t r = 0; r < count; ++r) {
+      const int64_t row = first + r, b = row / a.dim, c = row % a.dim, g = c / per_group;
+      const float dt = dt_block[r], xv = a.x[row], du = dt * xv;
+      const float* A = a.A + c * n_state;
+      const float* B = a.B + (b * a.groups + g) * n_state;
+      const float* C = a.C + (b * a.groups + g) * n_state;
+      const float* h = a.state + row * n_state;
+      float* hn = a.new_state + row * n_state;
+      float y = 0.f;
 #pragma omp simd reduction(+ : y)
-    for (int64_t i = 0; i < n_state; ++i) {
-      const float hi = std::exp(dt * A[i]) * h[i] + du * B[i];
-      hn[i] = hi;
-      y += hi * C[i];
+      for (int64_t i = 0; i < n_state; ++i) {
+        const float hi = std::exp(dt * A[i]) * h[i] + du * B[i];
+        hn[i] = hi;
+        y += hi * C[i];
+      }
+      y += (a.D ? a.D[c] : 0.f) * xv;
+      a.out[row] = a.z ? y * gate_block[r] : y;
     }
-    y += (a.D ? a.D[c] : 0.f) * xv;
-    a.out[row] = a.z ? y * silu(a.z[row]) : y;
   }
 }
 
@@ -175,12 +190,14 @@ inline void causal_conv1d_update_rows(const ConvStepArgs& a, int64_t row_begin, 
     const float* w = a.weight + c * k;
     float acc = a.bias ? a.bias[c] : 0.f;
     for (int64_t j = 0; j < history; ++j) acc += w[j] * s[j];
-    acc += w[history] * a.x[row];
-    a.out[row] = a.silu ? silu(acc) : acc;
+    a.out[row] = acc + w[history] * a.x[row];
     float* ns = a.new_state + row * history;
     for (int64_t j = 0; j + 1 < history; ++j) ns[j] = s[j + 1];
     if (history > 0) ns[history - 1] = a.x[row];
   }
+  if (a.silu)  // a separate loop over the rows, which vectorises
+    for (int64_t row = row_begin; row < row_end; ++row)
+      a.out[row] = a.out[row] / (1.f + std::exp(-a.out[row]));
 }
 
 }  // namespace ssmcc

@@ -8,6 +8,10 @@ ssmcc op is replaced by its emitter's callable from ``TORCH_TABLE``. An op with 
 Kernels: the C++ CPU kernels (``kernels/cpu``, built on first use) when ``kernels="auto"`` and a
 compiler is available; otherwise (or with ``kernels="reference"``) the op itself, i.e. the op
 library's pure-PyTorch reference.
+
+The weights are then frozen (``freeze.py``): weight-only expressions are evaluated once, and every
+weight is bound as one flat attribute. The module therefore holds the weights' values at lowering
+time, as every compiled target does.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from torch.export import ExportedProgram
 
 from ssmcc.errors import LoweringError
 from ssmcc.lowering.table import Emitter, register_table
+from ssmcc.lowering.torch.freeze import flatten_weight_attributes, fold_weight_expressions
 from ssmcc.ops import SSMCC_OPS, is_ssmcc_op
 
 KERNEL_CHOICES = ("auto", "reference")
@@ -56,5 +61,6 @@ def lower_to_torch(program: ExportedProgram, kernels: str = "auto") -> nn.Module
                 f"(node {node.name}); supported: {', '.join(sorted(TORCH_TABLE))}"
             )
         node.target = emitter.emit(node, kernels)
-    module.recompile()
+    fold_weight_expressions(module)
+    flatten_weight_attributes(module)
     return module
