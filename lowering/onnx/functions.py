@@ -7,11 +7,12 @@ registered for its domain/op, and prefers a registered custom-op kernel when the
 
     dt  = delta + delta_bias[:, None];  dt = Softplus(dt) if delta_softplus
     h_t = Exp(dt_t[..., None] * A) * h_{t-1} + (dt_t * u_t)[..., None] * B_t    # ONNX Scan over l
-    y_t = ReduceSum(h_t * C_t, n)
+    y_t = C_t @ h_t                                                              # sum over n
     out = y + D[:, None] * u;  out = out * z * Sigmoid(z) if has_z
 
-Inside the loop the state is grouped (b, g, d/g, n) so B_t and C_t broadcast to the channels of
-their group; no (b, d, n, l) tensor is ever materialised.
+Inside the loop the state is grouped and channels-innermost, (b, g, n, d/g), so B_t and C_t
+broadcast to the channels of their group over contiguous spans; no (b, d, n, l) tensor is ever
+materialised.
 
 ``CausalConv1d``: ``xs = Concat(state, x)``;
 ``out = sum_j weight[:, j] * xs[:, :, j : j + l] + bias`` (k unrolled), silu when asked; the final
@@ -128,9 +129,10 @@ def _dim(body: _Body, tensor: str, axis: int) -> str:
 def selective_scan_function(opset: int) -> onnx.FunctionProto:
     """The body for a model whose default-domain opset is ``opset`` (>= 18).
 
-    The loop state is kept as (b, g, d/g, n), so B_t and C_t (b, g, 1, n) broadcast over the
-    channels of their group without a copy, and dt, dt * u are computed for all steps before the
-    loop: each step is Exp, 3 Mul, Add, Mul, ReduceSum on (b, d, n) values.
+    The loop state is kept as (b, g, n, d/g): channels innermost, so every broadcast in a step
+    runs over contiguous spans of d/g values (ONNX Runtime's broadcasting is slow when the
+    innermost dimension is the broadcast one), and y_t is one MatMul, (b, g, 1, n) @ h_t. dt and
+    dt * u are computed for all steps before the loop. Each step: Mul, Exp, Mul, Mul, Add, MatMul.
     """
     body = _Body("ss")
     inputs = ["u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state"]
@@ -140,32 +142,21 @@ def selective_scan_function(opset: int) -> onnx.FunctionProto:
     b, d, length = _dim(body, "u", 0), _dim(body, "u", 1), _dim(body, "u", 2)
     g, n = _dim(body, "B", 1), _dim(body, "A", 1)
     per_group, one = body.op("Div", d, g), body.const([1])
-    by_group = body.op("Concat", b, g, per_group, one, length, axis=0)  # (b, g, d/g, 1, l)
+    by_group = body.op("Concat", b, g, one, per_group, length, axis=0)  # (b, g, 1, d/g, l)
     dt5, dtu5 = body.op("Reshape", "dt", by_group), body.op("Reshape", dtu, by_group)
-    B5 = body.op("Unsqueeze", "B", body.const([2]))  # (b, g, 1, n, l)
-    C5 = body.op("Unsqueeze", "C", body.const([2]))
-    body.nodes.append(
-        helper.make_node(
-            "Reshape", ["A", body.op("Concat", g, per_group, n, axis=0)], ["A_grouped"]
-        )
-    )
-    h0 = body.op("Reshape", "initial_state", body.op("Concat", b, g, per_group, n, axis=0))
-    body.nodes.append(
-        helper.make_node(
-            "Constant",
-            [],
-            ["state_axis"],
-            value=helper.make_tensor("v", TensorProto.INT64, [1], [3]),
-        )
-    )
+    B5 = body.op("Unsqueeze", "B", body.const([3]))  # (b, g, n, 1, l)
+    C5 = body.op("Unsqueeze", "C", body.const([2]))  # (b, g, 1, n, l)
+    A_grouped = body.op("Reshape", "A", body.op("Concat", g, per_group, n, axis=0))
+    body.nodes.append(helper.make_node("Transpose", [A_grouped], ["A_by_state"], perm=[0, 2, 1]))
+    h0_grouped = body.op("Reshape", "initial_state", body.op("Concat", b, g, per_group, n, axis=0))
+    h0 = body.op("Transpose", h0_grouped, perm=[0, 1, 3, 2])  # (b, g, n, d/g)
     step_nodes = [
-        helper.make_node("Mul", ["dt_s", "A_grouped"], ["rate"]),
-        helper.make_node("Exp", ["rate"], ["decay"]),  # (b, g, d/g, n)
+        helper.make_node("Mul", ["dt_s", "A_by_state"], ["rate"]),
+        helper.make_node("Exp", ["rate"], ["decay"]),  # (b, g, n, d/g)
         helper.make_node("Mul", ["decay", "h_prev"], ["carried"]),
         helper.make_node("Mul", ["dtu_s", "B_s"], ["drive"]),
         helper.make_node("Add", ["carried", "drive"], ["h_next"]),
-        helper.make_node("Mul", ["h_next", "C_s"], ["weighted"]),
-        helper.make_node("ReduceSum", ["weighted", "state_axis"], ["y_s"], keepdims=0),
+        helper.make_node("MatMul", ["C_s", "h_next"], ["y_s"]),  # (b, g, 1, d/g)
     ]
     untyped = onnx.TypeProto()
     step_graph = helper.make_graph(
@@ -182,11 +173,12 @@ def selective_scan_function(opset: int) -> onnx.FunctionProto:
             body=step_graph,
             num_scan_inputs=4,
             scan_input_axes=[4, 4, 4, 4],
-            scan_output_axes=[3],
+            scan_output_axes=[4],
         )
     )
+    h_last = body.op("Transpose", "h_last", perm=[0, 1, 3, 2])
     body.nodes.append(
-        helper.make_node("Reshape", ["h_last", body.op("Concat", b, d, n, axis=0)], ["last_state"])
+        helper.make_node("Reshape", [h_last, body.op("Concat", b, d, n, axis=0)], ["last_state"])
     )
     y_scan = body.op("Reshape", "y_grouped", body.op("Concat", b, d, length, axis=0))
     skip = body.op("Mul", body.op("Unsqueeze", "D", body.const([1])), "u")
