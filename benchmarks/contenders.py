@@ -27,11 +27,17 @@ class Runner:
     prefill: Callable[[torch.Tensor], torch.Tensor]
     generate: Callable[[torch.Tensor, int], torch.Tensor] | None = None
     info: dict = dataclasses.field(default_factory=dict)
+    compiled: object = None  # an ssmcc CompiledModel: chunked prefill, prefix cache
 
     def require_generate(self, contender: str):
         if self.generate is None:
             raise Unsupported(f"{contender} has no decode path")
         return self.generate
+
+    def require_compiled(self, contender: str):
+        if self.compiled is None:
+            raise Unsupported(f"{contender} has no chunked prefill or prefix state cache")
+        return self.compiled
 
 
 def _hf_generate(model: nn.Module):
@@ -154,7 +160,7 @@ def prepare_ssmcc_torch(model: nn.Module, ctx: dict) -> Runner:
     }
     compiled.prefill(torch.zeros(1, 2, dtype=torch.long))  # derive the stateful programs now
     info["prepare_s"] = time.perf_counter() - started
-    return Runner(compiled, compiled.generate, info)
+    return Runner(compiled, compiled.generate, info, compiled)
 
 
 def _prepare_ssmcc_onnx(model: nn.Module, ctx: dict, kernels: str) -> Runner:
@@ -173,9 +179,9 @@ def _prepare_ssmcc_onnx(model: nn.Module, ctx: dict, kernels: str) -> Runner:
         "nodes": {name: graph["onnx_nodes"] for name, graph in manifest["graphs"].items()},
         "runs_other_length": True,
         "artifact_MB": sum(f["bytes"] for f in manifest["files"].values()) / 1e6,
-        "kernels": next(iter(loaded._runner.sessions.values())).ssmcc_kernels,
+        "kernels": loaded._runner.session("step").ssmcc_kernels,
     }
-    return Runner(loaded, loaded.generate, info)
+    return Runner(loaded, loaded.generate, info, loaded)
 
 
 def prepare_ssmcc_onnx(model: nn.Module, ctx: dict) -> Runner:
@@ -216,16 +222,23 @@ def prepare_debug_hang(model: nn.Module, ctx: dict) -> Runner:
 
 
 # Suites a contender cannot run at all, known before preparing it (no export spent to learn it).
+_NO_CHUNKS = "no chunked prefill or prefix state cache"
 UNSUPPORTED_SUITES: dict[str, dict[str, str]] = {
-    "torch-onnx": {"decode": "torch.onnx export has no state inputs/outputs: no decode graph"},
+    "hf-eager": {"long-prefill": _NO_CHUNKS, "prefix-cache": _NO_CHUNKS},
+    "torch-onnx": {
+        "decode": "torch.onnx export has no state inputs/outputs: no decode graph",
+        "long-prefill": "fixed length: runs only at the traced length",
+        "prefix-cache": "no state inputs/outputs",
+    },
     "torch-compile": {
         "memory": "not run: inductor compiles HF Mamba-1's per-token loop unrolled, which at "
-        "2048+ tokens takes longer than any useful limit (see the prefill rows)"
+        "2048+ tokens takes longer than any useful limit (see the prefill rows)",
+        "long-prefill": _NO_CHUNKS,
+        "prefix-cache": _NO_CHUNKS,
     },
     "matmuls-only": {
-        "decode": "a prefill bound only",
-        "memory": "a prefill bound only",
-        "export": "a prefill bound only",
+        suite: "a prefill bound only"
+        for suite in ("decode", "memory", "export", "long-prefill", "prefix-cache")
     },
 }
 

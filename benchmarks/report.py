@@ -65,7 +65,7 @@ def format_table(result: dict) -> str:
         f"{bounds['prefill_bound_tok_s']:.0f} tok/s, decode bound "
         f"{bounds['decode_bound_ms_per_token']:.3g} ms/token",
     ]
-    for suite in ("prefill", "decode", "memory", "export"):
+    for suite in ("prefill", "decode", "memory", "export", "long-prefill", "prefix-cache"):
         suite_rows = [r for r in rows if r["suite"] == suite]
         if not suite_rows:
             continue
@@ -102,6 +102,20 @@ def format_table(result: dict) -> str:
                     f"{name} {shape} peak RSS {row['peak_rss_MB']:.0f} MB "
                     f"(+{row['prefill_extra_MB']:.0f} MB during prefill)  {_ratio(row)} HF"
                 )
+            elif suite == "long-prefill":
+                out.append(
+                    f"{name} {shape} chunk {row['chunk_size']}: {_fmt(row['tokens_per_s'])} "
+                    f"tok/s  peak RSS {row['peak_rss_MB']:.0f} MB "
+                    f"(+{row['prefill_extra_MB']:.0f} MB during prefill)"
+                    + _vs_first_length(row, suite_rows)
+                )
+            elif suite == "prefix-cache":
+                out.append(
+                    f"{name} P={row['prompt_length']} cached {row['cached_length']}: TTFT "
+                    f"{row['ttft_cached_s']['median'] * 1e3:.0f} ms vs "
+                    f"{row['ttft_uncached_s']['median'] * 1e3:.0f} ms uncached "
+                    f"({row['ttft_ratio']:.3f}x), logits max|diff| {row['max_logit_diff']:.1e}"
+                )
             else:
                 nodes = row.get("nodes", "-")
                 size = f"{row['artifact_MB']:.1f} MB" if "artifact_MB" in row else "-"
@@ -111,6 +125,17 @@ def format_table(result: dict) -> str:
                     f"other length: {row.get('runs_other_length')}"
                 )
     return "\n".join(out)
+
+
+def _vs_first_length(row: dict, rows: list[dict]) -> str:
+    """Peak RSS and tokens/s relative to the same contender's shortest length."""
+    same = [r for r in rows if r["contender"] == row["contender"] and "peak_rss_MB" in r]
+    first = min(same, key=lambda r: r["length"])
+    if first is row:
+        return ""
+    rss = row["peak_rss_MB"] / first["peak_rss_MB"]
+    speed = row["tokens_per_s"]["median"] / first["tokens_per_s"]["median"]
+    return f"  vs L={first['length']}: {rss:.2f}x RSS, {speed:.2f}x tok/s"
 
 
 def write_plots(result: dict, folder: str) -> list[str]:

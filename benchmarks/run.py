@@ -26,11 +26,15 @@ from benchmarks.machine import cpu_model_name, measure_machine
 from benchmarks.model_bounds import model_bounds
 from benchmarks.report import annotate, format_table, write_plots
 
-SUITES = ("prefill", "decode", "memory", "export")
+SUITES = ("prefill", "decode", "memory", "export", "long-prefill", "prefix-cache")
 FULL = dict(
     model="mamba-130m",
     lengths=[512, 2048],
     memory_lengths=[2048, 8192],
+    long_lengths=[2048, 32768],
+    long_repeats=1,
+    prefix_prompt_length=2048,
+    prefix_cached_length=1920,
     prompt_length=64,
     new_tokens=64,
     repeats=3,
@@ -40,6 +44,10 @@ SMALL = dict(
     model="mamba-tiny",
     lengths=[64, 256],
     memory_lengths=[256, 1024],
+    long_lengths=[256, 4096],
+    long_repeats=2,
+    prefix_prompt_length=512,
+    prefix_cached_length=384,
     prompt_length=16,
     new_tokens=16,
     repeats=3,
@@ -74,6 +82,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--model", help="ssmcc preset (default mamba-130m; --small: mamba-tiny)")
     parser.add_argument("--lengths", type=_int_list, help="prefill lengths, e.g. 512,2048")
     parser.add_argument("--memory-lengths", type=_int_list, help="memory suite lengths")
+    parser.add_argument(
+        "--long-lengths",
+        type=_int_list,
+        help="long-prefill lengths, one process each (default 2048,32768; small 256,4096)",
+    )
+    parser.add_argument(
+        "--long-repeats", type=int, help="timed chunked prefills per long length (default 1)"
+    )
+    parser.add_argument(
+        "--prefix-prompt-length", type=int, help="prefix-cache prompt length (default 2048)"
+    )
+    parser.add_argument(
+        "--prefix-cached-length",
+        type=int,
+        help="of which an earlier prompt shared this many tokens (default 1920)",
+    )
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt-length", type=int)
     parser.add_argument("--new-tokens", type=int)
@@ -175,7 +199,11 @@ def main(argv=None) -> int:
             continue
         for contender in args.contender_list:
             lengths_sets = (
-                [[n] for n in args.memory_lengths] if suite == "memory" else [args.lengths]
+                [[n] for n in args.memory_lengths]
+                if suite == "memory"
+                else [[n] for n in args.long_lengths]
+                if suite == "long-prefill"
+                else [args.lengths]
             )
             for lengths in lengths_sets:
                 spec = dict(
@@ -189,6 +217,9 @@ def main(argv=None) -> int:
                     prompt_length=args.prompt_length,
                     new_tokens=args.new_tokens,
                     export_length=args.export_length,
+                    long_repeats=args.long_repeats,
+                    prefix_prompt_length=args.prefix_prompt_length,
+                    prefix_cached_length=args.prefix_cached_length,
                     seed=args.seed,
                     with_export=fold_export and suite == "prefill",
                 )
@@ -212,6 +243,10 @@ def main(argv=None) -> int:
                 "prompt_length",
                 "new_tokens",
                 "export_length",
+                "long_lengths",
+                "long_repeats",
+                "prefix_prompt_length",
+                "prefix_cached_length",
                 "timeout",
             )
         },

@@ -134,7 +134,83 @@ def run_export(spec: dict, runner: Runner) -> list[dict]:
     return [_row(spec, **runner.info)]
 
 
-SUITES = {"prefill": run_prefill, "decode": run_decode, "memory": run_memory, "export": run_export}
+def run_long_prefill(spec: dict, runner: Runner) -> list[dict]:
+    """One length per process: chunked prefill returning the last logits, its time and peak RSS."""
+    compiled = runner.require_compiled(spec["contender"])
+    (length,) = spec["lengths"]
+    ids = _ids(spec, spec["batch"], length)
+    compiled.prefill(ids[:, : 2 * compiled.chunk_size], last_only=True)  # warm-up
+    baseline = _current_rss_bytes()
+    _reset_peak_rss()
+    seconds = summarize(
+        time_calls(lambda: compiled.prefill(ids, last_only=True), spec["long_repeats"], warmup=0)
+    )
+    peak = _peak_rss_bytes()
+    return [
+        _row(
+            spec,
+            batch=spec["batch"],
+            length=length,
+            chunk_size=compiled.chunk_size,
+            seconds=seconds,
+            tokens_per_s=invert(seconds, spec["batch"] * length),
+            peak_rss_MB=peak / 1e6,
+            prefill_extra_MB=max(0, peak - baseline) / 1e6,
+        )
+    ]
+
+
+def run_prefix_cache(spec: dict, runner: Runner) -> list[dict]:
+    """Time to first token of a prompt whose first ``cached`` tokens an earlier prompt shared,
+    against the same prompt with no cache; and how far their last logits differ."""
+    import ssmcc
+
+    compiled = runner.require_compiled(spec["contender"])
+    length, cached = spec["prefix_prompt_length"], spec["prefix_cached_length"]
+    shared = _ids(spec, spec["batch"], length, salt=1)
+    cache = ssmcc.PrefixCache(max_bytes=2 << 30)
+    compiled.prefill(shared, last_only=True, prefix_cache=cache)  # the earlier request
+    prompts = [  # same first `cached` tokens, different rest, one per timed run
+        torch.cat([shared[:, :cached], _ids(spec, spec["batch"], length - cached, salt=2 + r)], 1)
+        for r in range(spec["repeats"] + 1)
+    ]
+    plain_prompts, cached_prompts = iter(prompts), iter(prompts)
+    uncached = summarize(
+        time_calls(lambda: compiled.generate(next(plain_prompts), 1), spec["repeats"])
+    )
+    with_cache = summarize(
+        time_calls(
+            lambda: compiled.generate(next(cached_prompts), 1, prefix_cache=cache),
+            spec["repeats"],
+        )
+    )
+    rest = _ids(spec, spec["batch"], length - cached, salt=1000)
+    fresh = torch.cat([shared[:, :cached], rest], 1)
+    plain, _ = compiled.prefill(fresh, last_only=True)
+    reused, _ = compiled.prefill(fresh, last_only=True, prefix_cache=cache)
+    return [
+        _row(
+            spec,
+            batch=spec["batch"],
+            prompt_length=length,
+            cached_length=cached,
+            chunk_size=compiled.chunk_size,
+            ttft_uncached_s=uncached,
+            ttft_cached_s=with_cache,
+            ttft_ratio=with_cache["median"] / uncached["median"],
+            max_logit_diff=float((plain - reused).abs().max()),
+        )
+    ]
+
+
+SUITES = {
+    "prefill": run_prefill,
+    "decode": run_decode,
+    "memory": run_memory,
+    "export": run_export,
+    "long-prefill": run_long_prefill,
+    "prefix-cache": run_prefix_cache,
+}
 
 
 def main(spec: dict) -> None:

@@ -11,6 +11,7 @@ from ssmcc.compile_api import compile
 from ssmcc.compiled import CompiledModel, CompileReport
 from ssmcc.errors import CaptureError, InputError, LoweringError, PassError, SSMCCError
 from ssmcc.onnx_target import load
+from ssmcc.prefix_cache import PrefixCache
 from ssmcc.state import State
 
 __version__ = "0.1.0"
@@ -23,6 +24,7 @@ __all__ = [
     "InputError",
     "LoweringError",
     "PassError",
+    "PrefixCache",
     "SSMCCError",
     "State",
     "__version__",

@@ -116,12 +116,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if os.path.isdir(args.model) and os.path.isfile(os.path.join(args.model, "manifest.json")):
         _progress(f"loading artifact {args.model}")
-        compiled = ssmcc.load(args.model, kernels=args.kernels)
+        compiled = ssmcc.load(args.model, kernels=args.kernels, chunk_size=args.chunk_size)
     else:
         from ssmcc.presets import load_model
 
         _progress(f"loading {args.model} and compiling it for the torch target")
-        compiled = ssmcc.compile(load_model(args.model), target="torch", kernels=args.kernels)
+        compiled = ssmcc.compile(
+            load_model(args.model),
+            target="torch",
+            kernels=args.kernels,
+            chunk_size=args.chunk_size,
+        )
     prompt = torch.tensor([args.prompt_ids])
     _progress(
         f"ready in {time.perf_counter() - started:.1f}s; generating {args.max_new_tokens} token(s)"
@@ -261,6 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with mass p")
     run.add_argument("--seed", type=int, help="random seed for sampling")
     run.add_argument("--eos-id", type=int, help="stop when every row produced this token")
+    run.add_argument(
+        "--chunk-size",
+        type=int,
+        default=128,  # chunk_state_passing.DEFAULT_CHUNK_SIZE (not imported: --help stays fast)
+        help="prompt tokens per prefill chunk; activation memory is that of one chunk "
+        "(default 128)",
+    )
     run.add_argument(
         "--kernels",
         default="auto",

@@ -14,6 +14,7 @@ from ssmcc.errors import InputError
 from ssmcc.lowering import PLANNED_BACKENDS, TARGETS
 from ssmcc.onnx_target import compile_to_onnx, keep_workdir_until_collected
 from ssmcc.passes import PassContext, pipeline, run_passes, verify_program
+from ssmcc.passes.chunk_state_passing import DEFAULT_CHUNK_SIZE, check_chunk_size
 from ssmcc.runners import TorchRunner
 
 DEFAULT_EXAMPLE_LENGTH = 16
@@ -33,6 +34,7 @@ def compile(
     pipeline_name: str = "default",
     verify: bool = False,
     kernels: str = "auto",
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> CompiledModel:
     """Compile ``model`` for ``target``.
 
@@ -41,7 +43,10 @@ def compile(
     ``verify``: run the IR verifier after every pass (always run once at the end).
     ``kernels``: ``"auto"`` uses ssmcc's C++ kernels (torch ops; ONNX Runtime custom ops) when they
     can be built here; ``"reference"`` runs the pure-PyTorch references / portable ONNX bodies.
+    ``chunk_size``: tokens per chunk when ``prefill``/``generate`` run a prompt (pass
+    ``chunk_state_passing``); also the granularity of prefix caching.
     """
+    check_chunk_size(chunk_size)
     if kernels not in ("auto", "reference"):
         raise InputError(f"kernels must be 'auto' or 'reference', got {kernels!r}")
     if target not in COMPILE_TARGETS:
@@ -96,6 +101,7 @@ def compile(
         report=report,
         manifest=manifest,
         artifact_dir=artifact_dir,
+        chunk_size=chunk_size,
     )
     if workdir is not None:
         keep_workdir_until_collected(compiled, workdir)

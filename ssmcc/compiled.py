@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import uuid
 
 import torch
 from torch.export import ExportedProgram
 
 from ssmcc.capture.inputs import check_token_ids
 from ssmcc.capture.report import CaptureReport
+from ssmcc.chunked import run_chunks
 from ssmcc.errors import InputError, SSMCCError
 from ssmcc.generation import Sampling, stream
+from ssmcc.passes.chunk_state_passing import DEFAULT_CHUNK_SIZE, check_chunk_size
+from ssmcc.prefix_cache import PrefixCache
 from ssmcc.state import State, check_state
 
 
@@ -62,7 +67,9 @@ class CompiledModel:
     """A model compiled by ssmcc for one target.
 
     - ``compiled(input_ids) -> logits`` (b, l, vocab), like the model's forward;
-    - ``prefill(input_ids, state=None) -> (logits, State)``: the prompt, from ``state`` or zeros;
+    - ``prefill(input_ids, state=None) -> (logits, State)``: the prompt, from ``state`` or zeros,
+      in chunks of ``chunk_size`` tokens (bounded activation memory); ``last_only=True`` returns
+      only the last position's logits (b, vocab), and ``prefix_cache`` reuses cached prefixes;
     - ``step(token_ids, state) -> (logits (b, vocab), State)``: one token per row;
     - ``generate(input_ids, max_new_tokens, ...)`` and ``stream(...)``: greedy or sampled tokens.
 
@@ -81,7 +88,9 @@ class CompiledModel:
         report: CompileReport | None = None,
         manifest: dict | None = None,
         artifact_dir: str | None = None,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
     ):
+        self.chunk_size = check_chunk_size(chunk_size)
         self.program = program
         self.report = report
         self.manifest = manifest
@@ -90,9 +99,12 @@ class CompiledModel:
         self.artifact_dir = artifact_dir
         self._runner = runner
         self._token_model = token_model
+        self.model_id = _model_identity(manifest)
 
     @classmethod
-    def from_artifact(cls, runner, manifest: dict, artifact_dir: str) -> CompiledModel:
+    def from_artifact(
+        cls, runner, manifest: dict, artifact_dir: str, chunk_size: int = DEFAULT_CHUNK_SIZE
+    ) -> CompiledModel:
         return cls(
             runner,
             manifest["target"],
@@ -100,6 +112,7 @@ class CompiledModel:
             manifest.get("vocab_size") is not None,
             manifest=manifest,
             artifact_dir=artifact_dir,
+            chunk_size=chunk_size,
         )
 
     @torch.inference_mode()
@@ -125,18 +138,57 @@ class CompiledModel:
             )
 
     @torch.inference_mode()
-    def prefill(self, input_ids, state: State | None = None) -> tuple[torch.Tensor, State]:
-        """Logits (b, l, vocab) of the prompt and the state after it."""
+    def prefill(
+        self,
+        input_ids,
+        state: State | None = None,
+        *,
+        chunk_size: int | None = None,
+        last_only: bool = False,
+        prefix_cache: PrefixCache | None = None,
+    ) -> tuple[torch.Tensor, State]:
+        """Logits of the prompt and the state after it.
+
+        The prompt runs in chunks of ``chunk_size`` tokens (default: the model's ``chunk_size``),
+        each starting from the state the previous one left, so activation memory is that of one
+        chunk. Logits: (b, l, vocab), or with ``last_only`` the last position's (b, vocab) --
+        then no chunk computes logits for its other positions. ``prefix_cache`` (with
+        ``last_only``, from the zero state) restarts each row from its longest cached
+        chunk-aligned prefix and stores the state at every later chunk boundary.
+        """
         self._require_states()
         ids = check_token_ids(input_ids, self.vocab_size)
+        chunk_size = self.chunk_size if chunk_size is None else check_chunk_size(chunk_size)
         specs = self._runner.specs
         tensors = (
             State.zeros(specs, ids.shape[0]).tensors(specs)
             if state is None
             else check_state(state, specs, ids.shape[0])
         )
-        logits, new = self._runner.prefill(ids, tensors)
+        if prefix_cache is not None:
+            self._check_prefix_cache(prefix_cache, state, last_only)
+        run = self._runner.prefill_last if last_only else self._runner.prefill
+        outputs, new = run_chunks(run, ids, tensors, chunk_size, prefix_cache, self.model_id)
+        logits = outputs[-1] if last_only else torch.cat(outputs, dim=1)
         return logits, State(dict(zip([s["name"] for s in specs], new, strict=True)))
+
+    def _check_prefix_cache(self, cache, state, last_only: bool) -> None:
+        if not isinstance(cache, PrefixCache):
+            raise InputError(
+                f"prefix_cache must be an ssmcc.PrefixCache, got {type(cache).__name__}"
+            )
+        if state is not None:
+            raise InputError(
+                "prefix_cache keys prefixes from the start of a prompt (the zero state); it "
+                "cannot be combined with a given state"
+            )
+        if not last_only:
+            raise InputError(
+                "prefix_cache needs last_only=True: a cached prefix has its state and last "
+                "logits, not the logits of every position"
+            )
+        state_bytes = sum(4 * int(torch.Size(s["shape"][1:]).numel()) for s in self._runner.specs)
+        cache.check_fits(state_bytes + 4 * (self.vocab_size or 0), "this model")
 
     @torch.inference_mode()
     def step(self, token_ids, state: State) -> tuple[torch.Tensor, State]:
@@ -154,13 +206,27 @@ class CompiledModel:
         logits, new = self._runner.step(ids, check_state(state, specs, ids.shape[0]))
         return logits, State(dict(zip([s["name"] for s in specs], new, strict=True)))
 
-    def stream(self, input_ids, max_new_tokens: int, **sampling):
+    def stream(
+        self,
+        input_ids,
+        max_new_tokens: int,
+        *,
+        chunk_size: int | None = None,
+        prefix_cache: PrefixCache | None = None,
+        **sampling,
+    ):
         """Yield each new token column (b,) as soon as it is chosen. Keyword arguments as for
         ``generate`` (without ``streamer``)."""
         self._require_states()
         eos_token_id = sampling.pop("eos_token_id", None)
+
+        def prefill(ids):
+            return self.prefill(
+                ids, chunk_size=chunk_size, last_only=True, prefix_cache=prefix_cache
+            )
+
         return stream(
-            self.prefill,
+            prefill,
             self.step,
             check_token_ids(input_ids, self.vocab_size),
             max_new_tokens,
@@ -174,7 +240,9 @@ class CompiledModel:
         """Prompt + new tokens (b, l + new).
 
         Keywords: ``do_sample`` (default greedy), ``temperature``, ``top_k``, ``top_p``, ``seed``,
-        ``eos_token_id``; ``streamer(token_column)`` is called for each new token.
+        ``eos_token_id``; ``streamer(token_column)`` is called for each new token;
+        ``chunk_size`` and ``prefix_cache`` as for ``prefill`` (the prompt runs with
+        ``last_only=True``).
         """
         columns = []
         for token in self.stream(input_ids, max_new_tokens, **sampling):
@@ -202,3 +270,13 @@ class CompiledModel:
             f"CompiledModel(model={self.report.capture.model}, target={self.target}, "
             f"nodes={self.report.node_count}, ops={self.report.op_counts})"
         )
+
+
+def _model_identity(manifest: dict | None) -> str:
+    """What prefix-cache keys name the model by: an artifact's content (the SHA-256 of its files'
+    hashes, so two loads of one artifact share cached prefixes); otherwise this compiled object
+    (a compiled torch model's weights may change after compiling another)."""
+    if manifest is not None and "files" in manifest:
+        text = json.dumps(manifest["files"], sort_keys=True)
+        return "artifact:" + hashlib.sha256(text.encode()).hexdigest()
+    return "compiled:" + uuid.uuid4().hex

@@ -1,9 +1,10 @@
 """The ``onnx`` target end to end: programs -> ONNX artifact -> ONNX Runtime sessions; ``load``.
 
-An artifact holds ``prefill.onnx`` (``input_ids`` + states -> logits + next states), ``step.onnx``
-(one token + states -> last logits + next states), ``weights.bin`` (every initializer of both
-graphs stored once, by content) and ``manifest.json``. A model without SSM layers has only
-``prefill.onnx`` and no states.
+An artifact holds ``prefill.onnx`` (``input_ids`` + states -> logits + next states),
+``chunk.onnx`` (the same, with the last position's logits only: what chunked prefill and
+``generate`` run), ``step.onnx`` (one token + states -> last logits + next states),
+``weights.bin`` (every initializer of the graphs stored once, by content) and ``manifest.json``.
+A model without SSM layers has only ``prefill.onnx`` and no states.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from onnx import numpy_helper
 
 import ssmcc
 from ssmcc.artifact import ArtifactError, read_manifest, write_artifact
+from ssmcc.passes.chunk_state_passing import DEFAULT_CHUNK_SIZE
 
 WEIGHTS_FILE = "weights.bin"
 INLINE_BYTES = 1024  # initializers smaller than this stay inside the graph file
@@ -128,7 +130,8 @@ def build_onnx_artifact(program, out_dir: str, manifest_extra: dict, overwrite: 
         names = [s["name"] for s in specs]
         inputs = ["input_ids", *names]
         outputs = ["logits", *[f"{n}.next" for n in names]]
-        for graph, graph_program in (("prefill", programs.prefill), ("step", programs.step)):
+        for graph in ("prefill", "chunk", "step"):
+            graph_program = getattr(programs, graph)
             models[graph] = lower_to_onnx(graph_program, inputs, outputs, _dim_names(graph_program))
     else:
         models["prefill"] = lower_to_onnx(
@@ -150,19 +153,21 @@ def build_onnx_artifact(program, out_dir: str, manifest_extra: dict, overwrite: 
     return write_artifact(out_dir, lambda folder: _externalize(models, folder), manifest, overwrite)
 
 
-def _sessions(artifact_dir: str, manifest: dict, kernels: str, threads: int | None) -> dict:
+def _session_opener(artifact_dir: str, manifest: dict, kernels: str, threads: int | None):
+    """Opens one graph's ORT session when a runner first needs it (each session holds its own
+    copy of the weights, so a program that only generates never opens the full-logits graph)."""
     from ssmcc.lowering.onnx.runtime import make_session
 
-    sessions = {}
-    for name, graph in manifest["graphs"].items():
-        path = os.path.join(artifact_dir, graph["file"])
+    def open_session(name: str):
+        path = os.path.join(artifact_dir, manifest["graphs"][name]["file"])
         try:
-            sessions[name] = make_session(path, kernels, threads)
+            return make_session(path, kernels, threads)
         except Exception as error:  # onnxruntime's own exception types
             raise ArtifactError(
                 f"{path} could not be loaded by onnxruntime: {str(error).strip().splitlines()[0]}"
             ) from error
-    return sessions
+
+    return open_session
 
 
 def compile_to_onnx(program, manifest_extra: dict, kernels: str = "auto"):
@@ -172,7 +177,7 @@ def compile_to_onnx(program, manifest_extra: dict, kernels: str = "auto"):
     workdir = tempfile.mkdtemp(prefix="ssmcc-onnx-")
     artifact = os.path.join(workdir, "artifact")
     manifest = build_onnx_artifact(program, artifact, manifest_extra, overwrite=False)
-    runner = OnnxRunner(_sessions(artifact, manifest, kernels, None), manifest)
+    runner = OnnxRunner(_session_opener(artifact, manifest, kernels, None), manifest)
     return runner, manifest, artifact, workdir
 
 
@@ -188,11 +193,18 @@ def copy_artifact(source: str, out_dir: str, overwrite: bool) -> None:
     write_artifact(out_dir, write_files, extra, overwrite)
 
 
-def load(artifact_dir: str, verify: bool = True, kernels: str = "auto", threads: int | None = None):
+def load(
+    artifact_dir: str,
+    verify: bool = True,
+    kernels: str = "auto",
+    threads: int | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+):
     """Open an artifact written by ``CompiledModel.save`` / ``ssmcc compile``.
 
     ``kernels="auto"`` registers the ssmcc ONNX Runtime library when it can be built here;
     ``"reference"`` runs the portable function bodies. ``verify`` checks every file's SHA-256.
+    ``chunk_size``: tokens per prefill chunk (see ``ssmcc.compile``).
     """
     from ssmcc.compiled import CompiledModel
     from ssmcc.runners import OnnxRunner
@@ -203,8 +215,8 @@ def load(artifact_dir: str, verify: bool = True, kernels: str = "auto", threads:
             f"{artifact_dir}: target {manifest['target']!r} cannot be loaded "
             "(loadable targets: onnx)"
         )
-    runner = OnnxRunner(_sessions(artifact_dir, manifest, kernels, threads), manifest)
-    return CompiledModel.from_artifact(runner, manifest, artifact_dir)
+    runner = OnnxRunner(_session_opener(artifact_dir, manifest, kernels, threads), manifest)
+    return CompiledModel.from_artifact(runner, manifest, artifact_dir, chunk_size)
 
 
 def keep_workdir_until_collected(owner, workdir: str) -> None:

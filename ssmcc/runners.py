@@ -28,40 +28,55 @@ class TorchRunner:
         from ssmcc.stateful import derive_stateful_programs
 
         programs = derive_stateful_programs(self.program)
-        prefill = lower(programs.prefill, "torch", kernels=self.kernels)
-        step = lower(programs.step, "torch", kernels=self.kernels)
-        for module in (prefill, step):
+        modules = {
+            name: lower(getattr(programs, name), "torch", kernels=self.kernels)
+            for name in ("prefill", "chunk", "step")
+        }
+        for module in modules.values():
             # CompiledModel checks the ids and every state before a runner sees them; the
             # exported module's own pytree check would cost ~1 ms per decoded token.
             module.validate_inputs = False
-        return prefill, step, programs
+        return modules, programs
 
     @property
     def specs(self) -> list[dict]:
-        return self._stateful[2].specs
+        return self._stateful[1].specs
 
     def logits(self, *args):
         return self.module(*args)
 
-    def prefill(self, input_ids, states):
-        logits, *new = self._stateful[0](input_ids, *states)
+    def _run(self, program: str, input_ids, states):
+        logits, *new = self._stateful[0][program](input_ids, *states)
         return logits, new
 
+    def prefill(self, input_ids, states):
+        return self._run("prefill", input_ids, states)
+
+    def prefill_last(self, input_ids, states):
+        """Logits of the last position only (b, vocab), and the states."""
+        return self._run("chunk", input_ids, states)
+
     def step(self, input_ids, states):
-        logits, *new = self._stateful[1](input_ids, *states)
-        return logits, new
+        return self._run("step", input_ids, states)
 
 
 class OnnxRunner:
-    """The onnx target: one ORT session per graph (prefill, step)."""
+    """The onnx target: one ORT session per graph (prefill, chunk, step), opened on first use
+    (``sessions`` maps a graph name to a function that opens it)."""
 
-    def __init__(self, sessions: dict, manifest: dict):
-        self.sessions = sessions
+    def __init__(self, open_session, manifest: dict):
+        self._open_session = open_session
+        self._sessions: dict = {}
         self.specs = manifest.get("states", [])
         self.graphs = manifest["graphs"]
 
+    def session(self, graph: str):
+        if graph not in self._sessions:
+            self._sessions[graph] = self._open_session(graph)
+        return self._sessions[graph]
+
     def _run(self, graph: str, input_ids, states):
-        session = self.sessions[graph]
+        session = self.session(graph)
         names = [i["name"] for i in self.graphs[graph]["inputs"]]
         arrays = [np.ascontiguousarray(input_ids.numpy(), dtype=np.int64)]
         arrays += [np.ascontiguousarray(s.numpy(), dtype=np.float32) for s in states]
@@ -74,7 +89,7 @@ class OnnxRunner:
             feed = {
                 name: np.ascontiguousarray(a.numpy()) for name, a in zip(names, args, strict=True)
             }
-            outputs = [torch.from_numpy(o) for o in self.sessions["prefill"].run(None, feed)]
+            outputs = [torch.from_numpy(o) for o in self.session("prefill").run(None, feed)]
             return outputs[0] if len(outputs) == 1 else tuple(outputs)
         (input_ids,) = args
         zeros = [torch.zeros(input_ids.shape[0], *s["shape"][1:]) for s in self.specs]
@@ -82,6 +97,12 @@ class OnnxRunner:
 
     def prefill(self, input_ids, states):
         return self._run("prefill", input_ids, states)
+
+    def prefill_last(self, input_ids, states):
+        if "chunk" not in self.graphs:  # an artifact from before the chunk graph existed
+            logits, new = self._run("prefill", input_ids, states)
+            return logits[:, -1], new
+        return self._run("chunk", input_ids, states)
 
     def step(self, input_ids, states):
         return self._run("step", input_ids, states)

@@ -78,6 +78,18 @@ def test_truncated_file_is_named(saved, tmp_path):
         ssmcc.load(folder)
 
 
+def test_unverified_corrupt_graph_is_named_when_first_used(saved, tmp_path):
+    """Sessions open on first use; a graph ORT cannot read is named then."""
+    folder = _copy(saved[1], tmp_path / "f")
+    path = os.path.join(folder, "step.onnx")
+    size = os.path.getsize(path)
+    open(path, "wb").write(b"\xff" * size)
+    loaded = ssmcc.load(folder, verify=False)
+    logits, state = loaded.prefill(torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(ArtifactError, match=r"step\.onnx could not be loaded by onnxruntime"):
+        loaded.step(torch.zeros(1, dtype=torch.long), state)
+
+
 def test_corrupt_or_missing_manifest_is_named(saved, tmp_path):
     folder = _copy(saved[1], tmp_path / "d")
     with open(os.path.join(folder, "manifest.json"), "w") as f:

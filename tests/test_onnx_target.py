@@ -33,8 +33,8 @@ def test_onnx_matches_eager(model_and_artifact, kernels, batch, length):
     model, _, folder = model_and_artifact
     loaded = ssmcc.load(folder, kernels=kernels, verify=False)
     expected_kernels = "ssmcc ORT library" if kernels == "auto" else "portable function bodies"
-    for session in loaded._runner.sessions.values():
-        assert session.ssmcc_kernels == expected_kernels
+    for graph in ("prefill", "chunk", "step"):
+        assert loaded._runner.session(graph).ssmcc_kernels == expected_kernels
     ids = torch.randint(
         0, model.config.vocab_size, (batch, length), generator=torch.Generator().manual_seed(length)
     )
@@ -95,9 +95,13 @@ def test_manifest_describes_the_model(model_and_artifact):
     prefill = manifest["graphs"]["prefill"]
     assert prefill["inputs"][0] == {"name": "input_ids", "dtype": "int64", "dims": ["batch", "seq"]}
     assert prefill["outputs"][0]["dims"] == ["batch", "seq", model.config.vocab_size]
-    step_logits = manifest["graphs"]["step"]["outputs"][0]
-    assert step_logits["dims"] == ["batch", model.config.vocab_size]
-    assert sorted(manifest["files"]) == ["prefill.onnx", "step.onnx", "weights.bin"]
+    for graph in ("chunk", "step"):  # the last position's logits only
+        assert manifest["graphs"][graph]["outputs"][0]["dims"] == [
+            "batch",
+            model.config.vocab_size,
+        ]
+    assert manifest["graphs"]["chunk"]["inputs"][0]["dims"] == ["batch", "seq"]
+    assert sorted(manifest["files"]) == ["chunk.onnx", "prefill.onnx", "step.onnx", "weights.bin"]
     assert set(manifest["versions"]) >= {"ssmcc", "torch", "onnx", "onnxruntime"}
     assert all(len(entry["sha256"]) == 64 for entry in manifest["files"].values())
 
