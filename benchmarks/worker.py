@@ -135,15 +135,18 @@ def run_export(spec: dict, runner: Runner) -> list[dict]:
 
 
 def run_long_prefill(spec: dict, runner: Runner) -> list[dict]:
-    """One length per process: chunked prefill returning the last logits, its time and peak RSS."""
+    """One length per process: chunked prefill returning the last logits, its time and peak RSS.
+    Each length is timed over at least ~8K tokens in all (short ones repeat), so a single lucky
+    or unlucky second does not decide a ratio between lengths."""
     compiled = runner.require_compiled(spec["contender"])
     (length,) = spec["lengths"]
     ids = _ids(spec, spec["batch"], length)
+    repeats = max(spec["long_repeats"], -(-8192 // length))
     compiled.prefill(ids[:, : 2 * compiled.chunk_size], last_only=True)  # warm-up
     baseline = _current_rss_bytes()
     _reset_peak_rss()
     seconds = summarize(
-        time_calls(lambda: compiled.prefill(ids, last_only=True), spec["long_repeats"], warmup=0)
+        time_calls(lambda: compiled.prefill(ids, last_only=True), repeats, warmup=0)
     )
     peak = _peak_rss_bytes()
     return [
