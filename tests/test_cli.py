@@ -87,6 +87,17 @@ def test_run_streams_greedy_tokens_from_an_artifact(tmp_path, capsys):
     expected = ssmcc.compile(build_preset("mamba-tiny")).generate(torch.tensor([[1, 2, 3]]), 6)
     assert tokens == expected[0, 3:].tolist()
     assert "time to first token" in captured.err
+    argv = ["run", out, "--prompt-ids", "1,2,3", "--max-new-tokens", "6", "--chunk-size", "2"]
+    assert main(argv) == 0  # the prompt in chunks of 2: the same tokens
+    assert [int(t) for t in capsys.readouterr().out.split()] == tokens
+
+
+def test_run_chunk_size_default_is_the_pass_default(capsys):
+    from ssmcc.cli import build_parser
+    from ssmcc.passes.chunk_state_passing import DEFAULT_CHUNK_SIZE
+
+    args = build_parser().parse_args(["run", "mamba-tiny", "--prompt-ids", "1"])
+    assert args.chunk_size == DEFAULT_CHUNK_SIZE
 
 
 @pytest.mark.parametrize(
@@ -98,6 +109,10 @@ def test_run_streams_greedy_tokens_from_an_artifact(tmp_path, capsys):
             "max_new_tokens must be an integer >= 1",
         ),
         (["run", "mamba-tiny", "--prompt-ids", "999999"], "outside the vocabulary"),
+        (
+            ["run", "mamba-tiny", "--prompt-ids", "1", "--chunk-size", "0"],
+            "chunk_size must be a positive integer",
+        ),
     ],
 )
 def test_run_rejects_bad_input(argv, message, capsys):

@@ -28,6 +28,7 @@ COMMON_FLAGS = [
     "-std=c++17",
     "-O3",
     "-ffast-math",
+    "-fopenmp-simd",  # the kernels' `omp simd` loops, also in the ORT library (no OpenMP runtime)
     "-march=native",
     "-fPIC",
     "-shared",

