@@ -61,8 +61,8 @@ class TorchRunner:
 
 
 class OnnxRunner:
-    """The onnx target: one ORT session per graph (prefill, chunk, step), opened on first use
-    (``sessions`` maps a graph name to a function that opens it)."""
+    """The onnx target: one ORT session per graph (prefill, chunk, step), each opened on first
+    use by ``open_session(graph_name)``."""
 
     def __init__(self, open_session, manifest: dict):
         self._open_session = open_session
