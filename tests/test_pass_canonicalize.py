@@ -31,6 +31,7 @@ def test_tiny_mamba_golden(golden):
     golden("canonicalize", "tiny_mamba", format_program(program), format_program(after))
     assert report.rule_hits == {
         "canonicalize.full_slice": 2,
+        "canonicalize.inverse_transpose": 1,  # the mixer's conv output, transposed twice
         # per layer 8 (A_log/D/dt bias .float(), the mixer's .to(dtype) casts, the norm's),
         # 4 outside the layers (final norm, logits .float()), each with its metadata assert
         "canonicalize.metadata_assert": 12,
@@ -65,6 +66,35 @@ def test_real_casts_and_partial_slices_are_kept(golden):
     assert any("end 3 cuts the dim" in r for r in ctx.diagnostics["canonicalize.full_slice"])
     x = torch.randn(2, 6)
     for got, expected in zip(after.module()(x), model(x), strict=True):
+        assert torch.equal(got, expected)
+
+
+class ViewRoundTrips(torch.nn.Module):
+    def forward(self, x, y):
+        back = x.transpose(1, 2).transpose(2, 1)  # inverse: x
+        turned = x.transpose(0, 1).transpose(1, 2)  # not an inverse: kept
+        selected = y.unsqueeze(-1).select(2, 0)  # inverse: y
+        squeezed = y.unsqueeze(0).squeeze(0)  # inverse: y
+        other = y.unsqueeze(1).select(2, 0)  # another dim: kept
+        return back * 2, turned + 1, selected + squeezed, other
+
+
+def test_view_round_trips_are_removed_and_others_kept(golden):
+    model = ViewRoundTrips()
+    args = (torch.randn(2, 3, 4), torch.randn(5, 6))
+    program = torch.export.export(model, args, strict=False)
+    ctx = PassContext(verify=True)
+    after, report = run_passes(program, [canonicalize], ctx)
+    golden("canonicalize", "view_round_trips", format_program(program), format_program(after))
+    assert report.rule_hits == {
+        "canonicalize.inverse_transpose": 1,
+        "canonicalize.undo_unsqueeze": 2,
+    }
+    assert any("swaps" in r for r in ctx.diagnostics["canonicalize.inverse_transpose"])
+    assert any(
+        "is not the unsqueezed dim" in r for r in ctx.diagnostics["canonicalize.undo_unsqueeze"]
+    )
+    for got, expected in zip(after.module()(*args), model(*args), strict=True):
         assert torch.equal(got, expected)
 
 
