@@ -109,14 +109,19 @@ def run_decode(spec: dict, runner: Runner) -> list[dict]:
     ]
 
 
+def _rss_around(fn):
+    """(what ``fn`` returned, RSS before it, peak RSS while it ran)."""
+    baseline = _current_rss_bytes()
+    _reset_peak_rss()
+    result = fn()
+    return result, baseline, _peak_rss_bytes()
+
+
 def run_memory(spec: dict, runner: Runner) -> list[dict]:
     (length,) = spec["lengths"]
     ids = _ids(spec, spec["batch"], length)
     peak_while_preparing = _peak_rss_bytes()
-    baseline = _current_rss_bytes()
-    _reset_peak_rss()
-    runner.prefill(ids)
-    peak = _peak_rss_bytes()
+    _, baseline, peak = _rss_around(lambda: runner.prefill(ids))
     return [
         _row(
             spec,
@@ -143,12 +148,10 @@ def run_long_prefill(spec: dict, runner: Runner) -> list[dict]:
     ids = _ids(spec, spec["batch"], length)
     repeats = max(spec["long_repeats"], -(-8192 // length))
     compiled.prefill(ids[:, : 2 * compiled.chunk_size], last_only=True)  # warm-up
-    baseline = _current_rss_bytes()
-    _reset_peak_rss()
-    seconds = summarize(
-        time_calls(lambda: compiled.prefill(ids, last_only=True), repeats, warmup=0)
+    times, baseline, peak = _rss_around(
+        lambda: time_calls(lambda: compiled.prefill(ids, last_only=True), repeats, warmup=0)
     )
-    peak = _peak_rss_bytes()
+    seconds = summarize(times)
     return [
         _row(
             spec,
