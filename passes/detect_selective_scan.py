@@ -1,0 +1,413 @@
+"""``detect_selective_scan`` — rewrite selective scans that capture did not route into the ssmcc op.
+
+Before: a program whose Mamba-1 scans are written out in ATen — a Python loop unrolled by a
+static-length export, torch's ``scan`` higher-order op, or a parallel scan such as mamba.py's
+``pscan`` — around the discretisation ``exp(Δ ⊗ A)``, ``Δ ⊗ B ⊗ u`` and a readout ``C · h``.
+After: one ``ssmcc::selective_scan`` per scan, whose result replaces the scan's outputs (and the
+final state, where it is used); the loop becomes dead code for ``eliminate_dead_code``.
+
+Rules (hits counted by name; a candidate that is rejected is reported in ``ctx.diagnostics`` with
+its location, the rule that came closest, and the check that failed):
+
+- ``unrolled_loop``, ``scan_op``, ``parallel_scan``: the three forms (``recurrence_forms.py``).
+- ``fold_softplus``, ``fold_delta_bias``: Δ = softplus(δ + bias) becomes the op's
+  ``delta_softplus`` and ``delta_bias``, where the graph computes it so.
+- ``fold_skip``: ``y + D ⊙ u`` after the scan becomes the op's ``D``.
+- ``fold_gate``: ``y ⊙ silu(z)`` after the skip becomes the op's ``z``.
+- ``functionalize``: a program with in-place ops is functionalized first (``pscan`` writes in
+  place), so that data flow is explicit.
+
+The rewrite is exact up to float rounding: the op computes the same recurrence in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections import Counter
+
+import networkx as nx
+import torch
+from torch._guards import detect_fake_mode
+from torch.export import ExportedProgram
+from torch.fx import GraphModule, Node
+
+from ssmcc.ops import SSMCC_OPS
+from ssmcc.passes.dim_labels import (
+    ArrangeError,
+    Labelled,
+    Labels,
+    arrange,
+    broadcast_labels,
+    dim_sources,
+    make_emitter,
+    output_labels,
+    shape,
+    unlabel_to,
+    value,
+)
+from ssmcc.passes.pass_base import PassContext, PassResult
+from ssmcc.passes.program import rebuild_program
+from ssmcc.passes.recurrence_forms import (
+    NotACandidate,
+    Recurrence,
+    find_parallel_scan,
+    find_scan_op,
+    find_unrolled,
+    location,
+    parallel_scan_candidates,
+)
+from ssmcc.passes.scan_factoring import (
+    TIME,
+    Atom,
+    Mismatch,
+    Roles,
+    ScanFactors,
+    StepContext,
+    factor,
+    read_contraction,
+    read_discretisation,
+    require,
+)
+
+aten = torch.ops.aten
+PASS_NAME = "detect_selective_scan"
+SCAN = SSMCC_OPS["selective_scan"]
+
+
+@dataclasses.dataclass
+class ScanMatch:
+    """Everything the rewrite needs: the op's arguments as labelled graph values, the node whose
+    value the op's output replaces (with its labels) and the values equal to the final state."""
+
+    recurrence: Recurrence
+    factors: ScanFactors
+    C: Atom
+    output: Labelled
+    D: Atom | None = None
+    z: Atom | None = None
+    delta_bias: Atom | None = None
+    softplus: bool = False
+    last_state: list[Labelled] = dataclasses.field(default_factory=list)
+    folds: list[str] = dataclasses.field(default_factory=list)
+
+
+def _follow_layout(node: Node, labels: Labels) -> tuple[Node, Labels]:
+    """Extend ``node`` through single-user data-movement ops."""
+    while len(node.users) == 1:
+        user = next(iter(node.users))
+        following = output_labels(user, labels) if user.args and user.args[0] is node else None
+        if following is None:
+            break
+        node, labels = user, following
+    return node, labels
+
+
+def _read_states(states: Labelled, roles: Roles, ctx: StepContext):
+    """The readout and final-state uses of a whole state sequence (``hs = stack(h_t)``)."""
+    readouts, last = [], []
+    frontier = [(states.node, states.labels)]
+    while frontier:
+        node, labels = frontier.pop()
+        for user in list(node.users):
+            following = output_labels(user, labels) if user.args[0] is node else None
+            if following is not None:
+                frontier.append((user, following))
+                continue
+            time_axis = labels.index(TIME)
+            if user.target == aten.select.int and user.args[1] % len(labels) == time_axis:
+                require(
+                    user.args[2] in (-1, shape(node)[time_axis] - 1),
+                    f"{user.name} reads the state at step {user.args[2]}, not the last",
+                )
+                last.append(Labelled(user, labels[:time_axis] + labels[time_axis + 1 :]))
+                continue
+            reader = user
+            if user.target == aten.mul.Tensor and len(user.users) == 1:
+                reader = next(iter(user.users))
+            readouts.append(read_contraction(reader, node, labels, roles.state, ctx))
+    require(len(readouts) == 1, f"the state sequence is read out {len(readouts)} times; expected 1")
+    return readouts[0], last
+
+
+def _softplus_and_bias(match: ScanMatch) -> None:
+    delta = match.factors.delta
+    if delta.chain and delta.chain[-1] == aten.softplus.default:
+        delta = dataclasses.replace(delta, chain=delta.chain[:-1])
+    elif (
+        not delta.chain and delta.node.target == aten.softplus.default and len(delta.node.args) == 1
+    ):
+        delta = Atom(delta.node.args[0], delta.labels)
+    else:
+        return
+    match.softplus, match.folds = True, match.folds + ["fold_softplus"]
+    node = delta.node
+    if delta.chain or node.target != aten.add.Tensor or "alpha" in node.kwargs:
+        match.factors.delta = delta
+        return
+    for i in range(2):
+        x, bias = node.args[i], node.args[1 - i]
+        if not (isinstance(x, Node) and isinstance(bias, Node)) or shape(x) != shape(node):
+            continue
+        bias_atoms = factor(bias, broadcast_labels(bias, delta.labels, shape(node)), StepContext())
+        if len(bias_atoms) == 1 and bias_atoms[0].named() == {match.factors.roles.channel}:
+            match.delta_bias = bias_atoms[0]
+            match.folds.append("fold_delta_bias")
+            delta = Atom(x, delta.labels)
+            break
+    match.factors.delta = delta
+
+
+def _skip_and_gate(match: ScanMatch) -> None:
+    node, labels = match.output.node, match.output.labels
+    roles, u = match.factors.roles, match.factors.u
+    for fold in ("fold_skip", "fold_gate"):
+        if len(node.users) != 1:
+            break
+        user = next(iter(node.users))
+        if user.target not in (aten.add.Tensor, aten.mul.Tensor) or "alpha" in user.kwargs:
+            break
+        if (fold == "fold_skip") != (user.target == aten.add.Tensor) or shape(user) != shape(node):
+            continue
+        other = user.args[1] if user.args[0] is node else user.args[0]
+        if not isinstance(other, Node):
+            break
+        try:
+            atoms = factor(other, broadcast_labels(other, labels, shape(user)), StepContext())
+        except Mismatch:
+            break
+        if fold == "fold_skip":
+            rest = [a for a in atoms if a != u]
+            if len(atoms) != 2 or len(rest) != 1 or rest[0].named() != {roles.channel}:
+                continue
+            match.D = rest[0]
+        else:
+            gate = atoms[0] if len(atoms) == 1 else None
+            if gate is None or gate.chain or gate.node.target != aten.silu.default:
+                break
+            z = Atom(gate.node.args[0], gate.labels)
+            if not {roles.channel, TIME} <= z.named() <= {roles.batch, roles.channel, TIME}:
+                break
+            match.z = z
+        match.folds.append(fold)
+        node = user
+    match.output = Labelled(node, labels)
+
+
+def match_scan(recurrence: Recurrence) -> ScanMatch:
+    """Read ``recurrence`` as a selective scan (``Mismatch`` says why it is not one)."""
+    factors = read_discretisation(
+        recurrence.decay, recurrence.drive, recurrence.state_labels, recurrence.ctx
+    )
+    last = list(recurrence.last_state)
+    if recurrence.states is not None:
+        readout, last_uses = _read_states(recurrence.states, factors.roles, recurrence.ctx)
+        output = Labelled(readout.node, readout.labels)
+        last += last_uses
+    else:
+        step_out, h = recurrence.step_output
+        reader, chain = step_out, []
+        while reader is not h and dim_sources(reader) is not None:
+            chain.append(reader)
+            reader = reader.args[0]
+        readout = read_contraction(
+            reader, h, recurrence.state_labels, factors.roles.state, recurrence.ctx
+        )
+        labels = readout.labels
+        for link in reversed(chain):
+            labels = output_labels(link, labels)
+        collected, axis = recurrence.collected
+        output = Labelled(collected, labels[:axis] + (TIME,) + labels[axis:])
+    node, labels = _follow_layout(output.node, output.labels)
+    roles = factors.roles
+    require(
+        {lab for lab in labels if lab is not None} == {roles.batch, roles.channel, TIME},
+        f"the scan output {node.name} has dims {list(labels)}; expected batch, channel, time",
+    )
+    match = ScanMatch(recurrence, factors, readout.C, Labelled(node, labels), last_state=last)
+    _softplus_and_bias(match)
+    _skip_and_gate(match)
+    return match
+
+
+def _sizes(emit, atoms: list[Atom]) -> dict:
+    sizes = {}
+    for atom in atoms:
+        for dim, label in enumerate(atom.labels):
+            if label is None or label in sizes:
+                continue
+            size = shape(atom.node)[dim]
+            sizes[label] = (
+                size if isinstance(size, int) else emit(aten.sym_size.int, atom.node, dim)
+            )
+    return sizes
+
+
+def rewrite(match: ScanMatch, graph_module: GraphModule) -> None:
+    """Insert the ``selective_scan`` call for ``match`` and point the scan's users at it."""
+    graph = graph_module.graph
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes if n.op == "placeholder"])
+    emit = make_emitter(graph, fake_mode)
+    f, roles = match.factors, match.factors.roles
+    b, d, n = roles.batch, roles.channel, roles.state
+    with graph.inserting_before(match.output.node):
+        sizes = _sizes(emit, [f.u, f.A, f.B, f.delta, match.C])
+
+        def place(atom: Atom | None, want: Labels):
+            if atom is None:
+                return None
+            node = arrange(emit, Labelled(atom.node, atom.labels), want, sizes)
+            for op in atom.chain:
+                node = emit(op, node)
+            return node
+
+        init = match.recurrence.init
+        initial_state = None
+        if init is not None:
+            initial_state = arrange(emit, init, (b, d, n), sizes)
+            initial_state = emit(aten._to_copy.default, initial_state, dtype=torch.float32)
+        scan = emit(
+            SCAN,
+            place(f.u, (b, d, TIME)),
+            place(f.delta, (b, d, TIME)),
+            place(f.A, (d, n)),
+            place(f.B, (b, n, TIME)),
+            place(match.C, (b, n, TIME)),
+            place(match.D, (d,)),
+            place(match.z, (b, d, TIME)),
+            place(match.delta_bias, (d,)),
+            match.softplus,
+            initial_state,
+        )
+        out = emit(operator.getitem, scan, 0)
+        last = emit(operator.getitem, scan, 1)
+        replacement = unlabel_to(emit, out, (b, d, TIME), match.output.labels)
+        replacement = _cast_like(emit, replacement, match.output.node)
+        states = []
+        for use in match.last_state:
+            state = unlabel_to(emit, last, (b, d, n), use.labels)
+            states.append((use.node, _cast_like(emit, state, use.node)))
+    match.output.node.replace_all_uses_with(replacement)
+    for node, state in states:
+        node.replace_all_uses_with(state)
+
+
+def _cast_like(emit, node: Node, like: Node) -> Node:
+    want = value(like).dtype
+    return node if value(node).dtype == want else emit(aten._to_copy.default, node, dtype=want)
+
+
+def _restore_topological_order(graph) -> None:
+    """Reorder nodes so each follows its inputs, keeping the existing order where it can."""
+    nodes = list(graph.nodes)
+    placed, order = set(), []
+
+    def place(node):
+        stack = [(node, False)]
+        while stack:
+            current, ready = stack.pop()
+            if current in placed:
+                continue
+            if ready:
+                placed.add(current)
+                order.append(current)
+                continue
+            stack.append((current, True))
+            stack += [(a, False) for a in reversed(current.all_input_nodes) if a not in placed]
+
+    for node in nodes:
+        place(node)
+    output = graph.output_node()
+    for node in order:
+        if node is not output and node.op != "placeholder":
+            output.prepend(node)
+
+
+def _has_mutation(program: ExportedProgram) -> bool:
+    return any(
+        node.op == "call_function"
+        and isinstance(node.target, torch._ops.OpOverload)
+        and node.target._schema.is_mutable
+        for node in program.graph.nodes
+    )
+
+
+def _candidates(graph_module: GraphModule) -> list[tuple[str, Node]]:
+    """(rule, node) for every structure that may be a scan, in graph order."""
+    graph = graph_module.graph
+    found = []
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target == aten.stack.default:
+            found.append(("unrolled_loop", node))
+        elif node.op == "call_function" and node.target is torch.ops.higher_order.scan:
+            found.append(("scan_op", node))
+    found += [("parallel_scan", exp) for exp in parallel_scan_candidates(graph)]
+    return found
+
+
+class _Finder:
+    """Reads a candidate with the finder of its rule; the data-flow graph the parallel-scan
+    finder needs is built once and rebuilt after each rewrite."""
+
+    def __init__(self, graph_module: GraphModule):
+        self.graph_module = graph_module
+        self._dag = None
+
+    def changed(self) -> None:
+        self._dag = None
+
+    def dag(self) -> nx.DiGraph:
+        if self._dag is None:
+            graph = self.graph_module.graph
+            self._dag = nx.DiGraph((a, n) for n in graph.nodes for a in n.all_input_nodes)
+        return self._dag
+
+    def __call__(self, rule: str, node: Node) -> Recurrence:
+        if rule == "unrolled_loop":
+            return find_unrolled(node)
+        if rule == "scan_op":
+            return find_scan_op(node, self.graph_module)
+        return find_parallel_scan(node, self.dag())
+
+
+def detect_selective_scan(program: ExportedProgram, ctx: PassContext) -> PassResult:
+    original, hits = program, Counter()
+    if _has_mutation(program):
+        program = program.run_decompositions({})
+        hits["functionalize"] += 1
+    graph_module = program.graph_module
+    rejected = ctx.diagnostics
+    consumed: set = set()
+    find = _Finder(graph_module)
+    for rule, node in _candidates(graph_module):
+        if node in consumed:
+            continue
+        try:
+            match = match_scan(find(rule, node))
+        except NotACandidate:
+            continue
+        except (Mismatch, ArrangeError) as error:
+            rejected.setdefault(f"{PASS_NAME}.{rule}", []).append(
+                f"{location(node)}: {getattr(error, 'reason', error)}"
+            )
+            continue
+        rewrite(match, graph_module)
+        hits[match.recurrence.rule] += 1
+        hits.update(match.folds)
+        consumed |= _dead_after(graph_module)
+        find.changed()
+    if not (set(hits) - {"functionalize"}):
+        return PassResult(original, False, Counter())  # nothing found: the program as it was
+    _restore_topological_order(graph_module.graph)
+    graph_module.graph.eliminate_dead_code()
+    graph_module.graph.lint()
+    return PassResult(rebuild_program(program, graph_module), True, hits)
+
+
+def _dead_after(graph_module: GraphModule) -> set:
+    """Nodes no longer needed (so later candidates inside a rewritten loop are skipped)."""
+    live, nodes = set(), list(graph_module.graph.nodes)
+    for node in reversed(nodes):
+        if node.op == "output" or node.users.keys() & live or (node.op == "placeholder"):
+            live.add(node)
+    return set(nodes) - live

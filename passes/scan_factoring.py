@@ -1,0 +1,356 @@
+"""Read a linear recurrence as a selective scan: which graph values are Δ, A, B, C, u.
+
+A recurrence found in a graph (``recurrence_forms.py``) is ``h_t = a_t * h_{t-1} + b_t`` over a
+state ``h`` of three dims, read out as ``y_t = contract(h_t, C_t)``. It is a Mamba-1 selective
+scan when, dim for dim,
+
+    a_t = exp(Δ_t ⊗ A)          Δ (batch, channel, time), A (channel, state), time-invariant
+    b_t = Δ_t ⊗ B_t ⊗ u_t       B (batch, state, time), u (batch, channel, time)
+    y_t[c] = Σ_i C_t[i] h_t[c, i]
+
+where ``⊗`` is an elementwise product under broadcasting. ``factor`` splits an expression into
+its multiplicative factors (``mul`` chains and einsums without contraction), following data
+movement with dim labels (``dim_labels.py``); the roles batch / channel / state are then read off
+which dims each factor has: A is the factor of the exponent that does not vary in time, its two
+dims are channel and state, Δ is the other factor (it shares channel), and the state dim of h that
+A lacks is batch. Every check that fails says what it found.
+
+Values computed inside a loop step (``is_local``) cannot be referenced outside it; a per-step
+elementwise function of a sliced input (``softplus(dt[:, :, t])``) is kept as a chain of unary ops
+to re-apply to the whole input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+from torch.fx import Node
+
+from ssmcc.passes.dim_labels import (
+    Labels,
+    broadcast_labels,
+    input_labels,
+    output_labels,
+    shape,
+    value,
+)
+
+aten = torch.ops.aten
+TIME = "t"
+
+# A per-step elementwise op of one tensor that can be re-applied to the whole sequence.
+HOISTABLE_UNARY = {
+    aten.softplus.default,
+    aten.exp.default,
+    aten.neg.default,
+    aten.silu.default,
+    aten.sigmoid.default,
+}
+
+# resolve(node) -> (source, time axis of source, keepdim) when node is one time step of source.
+Resolver = Callable[[Node], "tuple[Node, int, bool] | None"]
+
+
+class Mismatch(Exception):
+    """A check failed; ``reason`` says which and what was found."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def require(condition: bool, reason: str) -> None:
+    if not condition:
+        raise Mismatch(reason)
+
+
+@dataclasses.dataclass(frozen=True)
+class Atom:
+    """A factor: ``chain`` (unary ops, innermost first) applied to ``node``, dims ``labels``."""
+
+    node: Node
+    labels: Labels
+    chain: tuple = ()
+
+    def named(self) -> set:
+        return {label for label in self.labels if label is not None}
+
+    def describe(self) -> str:
+        text = self.node.name
+        for op in self.chain:
+            text = f"{op.__name__.split('.')[0]}({text})"
+        return f"{text}{list(self.labels)}"
+
+
+@dataclasses.dataclass
+class StepContext:
+    """How to read one step of a recurrence: slices of whole tensors, and step-local nodes."""
+
+    resolve: Resolver = lambda node: None  # noqa: E731
+    is_local: Callable[[Node], bool] = lambda node: False  # noqa: E731
+
+
+def with_time(labels: Labels, axis: int | None, keepdim: bool) -> Labels:
+    """Labels of a tensor whose step ``labels`` are its slice at one time index along ``axis``
+    (``keepdim``: the slice kept the dim, with size 1); ``axis`` None: the same tensor."""
+    if axis is None:
+        return labels
+    if keepdim:
+        return labels[:axis] + (TIME,) + labels[axis + 1 :]
+    return labels[:axis] + (TIME,) + labels[axis:]
+
+
+def _einsum_operand_labels(node: Node, labels: Labels) -> list[tuple[Node, Labels]] | None:
+    """Operands of an einsum that contracts nothing, with their labels; else None."""
+    equation, operands = node.args[0], node.args[1]
+    if "..." in equation or "->" not in equation:
+        return None
+    inputs, output = equation.replace(" ", "").split("->")
+    terms = inputs.split(",")
+    if len(set(output)) != len(output) or any(c not in output for c in "".join(terms)):
+        return None
+    by_letter = dict(zip(output, labels, strict=True))
+    result = []
+    for term, operand in zip(terms, operands, strict=True):
+        op_shape = shape(operand)
+        result.append(
+            (
+                operand,
+                tuple(
+                    None
+                    if (op_shape[i] == 1 and shape(node)[output.index(c)] != 1)
+                    else by_letter[c]
+                    for i, c in enumerate(term)
+                ),
+            )
+        )
+    return result
+
+
+def factor(node, labels: Labels, ctx: StepContext) -> list[Atom]:
+    """The multiplicative factors of ``node`` (dims ``labels``), through data movement."""
+    require(isinstance(node, Node), f"a constant factor {node!r} (only tensor factors are read)")
+    resolved = ctx.resolve(node)
+    if resolved is not None:
+        source, axis, keepdim = resolved
+        return factor(source, with_time(labels, axis, keepdim), ctx)
+    if node.op == "call_function" and node.target == aten.mul.Tensor:
+        out_shape = shape(node)
+        atoms = []
+        for operand in node.args[:2]:
+            require(isinstance(operand, Node), f"{node.name} multiplies by the constant {operand}")
+            atoms += factor(operand, broadcast_labels(operand, labels, out_shape), ctx)
+        return atoms
+    if node.op == "call_function" and node.target == aten.einsum.default:
+        operands = _einsum_operand_labels(node, labels)
+        if operands is not None:
+            return [atom for operand, lab in operands for atom in factor(operand, lab, ctx)]
+    source_labels = input_labels(node, labels)
+    if source_labels is not None:
+        return factor(node.args[0], source_labels, ctx)
+    if ctx.is_local(node):
+        hoistable = node.target in HOISTABLE_UNARY and not any(
+            isinstance(a, Node) for a in list(node.args[1:]) + list(node.kwargs.values())
+        )
+        require(
+            hoistable,
+            f"{node.name} ({node.target}) is computed inside each step from the step's inputs; "
+            "only data movement, products and elementwise unary ops can be lifted out",
+        )
+        inner = factor(node.args[0], labels, ctx)
+        require(len(inner) == 1, f"{node.name} applies {node.target} to a product")
+        atom = inner[0]
+        return [dataclasses.replace(atom, chain=atom.chain + (node.target,))]
+    return [Atom(node, tuple(labels))]
+
+
+def decay_exponent(node, labels: Labels, ctx: StepContext) -> list[Atom]:
+    """Factors of x where the decay ``node`` is ``exp(x)`` (through data movement)."""
+    while True:
+        resolved = ctx.resolve(node)
+        if resolved is not None:
+            node, labels = resolved[0], with_time(labels, resolved[1], resolved[2])
+            continue
+        if node.op == "call_function" and node.target == aten.exp.default:
+            return factor(node.args[0], labels, ctx)
+        source_labels = input_labels(node, labels)
+        require(
+            source_labels is not None,
+            f"the decay is {node.name} ({node.target}), not exp(Δ·A)",
+        )
+        node, labels = node.args[0], source_labels
+
+
+@dataclasses.dataclass(frozen=True)
+class Roles:
+    batch: str
+    channel: str
+    state: str
+
+
+@dataclasses.dataclass
+class ScanFactors:
+    delta: Atom
+    A: Atom
+    B: Atom
+    u: Atom
+    roles: Roles
+
+
+def read_discretisation(
+    decay: tuple[Node, Labels], drive: tuple[Node, Labels], state_labels: Labels, ctx: StepContext
+) -> ScanFactors:
+    """Δ, A, B, u and the roles of the state dims from ``a_t`` (decay) and ``b_t`` (drive)."""
+    exponent = decay_exponent(*decay, ctx)
+    names = ", ".join(a.describe() for a in exponent)
+    require(
+        len(exponent) == 2,
+        f"exp(...) of the decay has {len(exponent)} factors ({names}); expected Δ·A",
+    )
+    constant = [a for a in exponent if TIME not in a.named()]
+    varying = [a for a in exponent if TIME in a.named()]
+    require(
+        len(constant) == 1 and len(varying) == 1,
+        f"the decay's factors {names} are not one time-varying Δ and one constant A",
+    )
+    A, delta = constant[0], varying[0]
+    state_dims = [label for label in state_labels if label is not None and label != TIME]
+    require(len(state_dims) == 3, f"the state has dims {list(state_labels)}; expected 3")
+    require(
+        len(A.named()) == 2 and A.named() <= set(state_dims) and not A.chain,
+        f"A = {A.describe()} does not span two dims of the state",
+    )
+    shared = delta.named() & A.named()
+    require(
+        len(shared) == 1, f"Δ = {delta.describe()} and A = {A.describe()} share {len(shared)} dims"
+    )
+    channel = shared.pop()
+    state = (A.named() - {channel}).pop()
+    batch = (set(state_dims) - A.named()).pop()
+    require(state not in delta.named(), f"Δ = {delta.describe()} varies along the state dim")
+    roles = Roles(batch, channel, state)
+
+    inputs = factor(*drive, ctx)
+    names = ", ".join(a.describe() for a in inputs)
+    require(delta in inputs, f"the input b_t = {names} has no factor Δ = {delta.describe()}")
+    rest = list(inputs)
+    rest.remove(delta)
+    B = [a for a in rest if state in a.named() and channel not in a.named()]
+    u = [a for a in rest if channel in a.named() and state not in a.named()]
+    require(
+        len(rest) == 2 and len(B) == 1 and len(u) == 1,
+        f"b_t / Δ = {', '.join(a.describe() for a in rest)}; expected B (state dim) and u "
+        "(channel dim)",
+    )
+    for name, atom in (("B", B[0]), ("u", u[0])):
+        require(TIME in atom.named(), f"{name} = {atom.describe()} does not vary in time")
+    return ScanFactors(delta, A, B[0], u[0], roles)
+
+
+@dataclasses.dataclass
+class Readout:
+    """``y = contract(h, C)`` over the state dim: the node computing it and its output labels."""
+
+    node: Node
+    labels: Labels
+    C: Atom
+
+
+def _through_layout(start: Node, end: Node, labels: Labels) -> Labels | None:
+    """Labels of ``end`` if it is reached from ``start`` by data movement only, else None."""
+    chain = []
+    node = end
+    while node is not start:
+        if not isinstance(node, Node) or input_labels(node, (None,) * value(node).dim()) is None:
+            return None
+        chain.append(node)
+        node = node.args[0]
+    for link in reversed(chain):
+        labels = output_labels(link, labels)
+    return labels
+
+
+def read_contraction(
+    node: Node, h: Node, h_labels: Labels, state: str, ctx: StepContext
+) -> Readout:
+    """``node`` computes Σ over the state dim of h·C (matmul by a column, einsum, or sum of a
+    product); returns its output labels and C."""
+    args = list(node.args)
+    if node.target == aten.matmul.default:
+        x_labels = _through_layout(h, args[0], h_labels)
+        require(x_labels is not None, f"{node.name}: the state is not the left matmul operand")
+        other = args[1]
+        x_shape, c_shape = shape(args[0]), shape(other)
+        require(
+            x_labels[-1] == state and len(c_shape) >= 2 and c_shape[-1] == 1,
+            f"{node.name}: matmul does not contract the state dim with a column vector",
+        )
+        lead = x_labels[:-2]
+        c_lead = broadcast_labels_from(c_shape[:-2], lead, x_shape[:-2])
+        readout_labels = x_labels[:-1] + (None,)
+        c_labels = c_lead + (state, None)
+    elif node.target == aten.einsum.default and len(args[1]) == 2:
+        inputs, output = args[0].replace(" ", "").split("->")
+        terms = inputs.split(",")
+        which = [i for i, operand in enumerate(args[1]) if _through_layout(h, operand, h_labels)]
+        require(len(which) == 1, f"{node.name}: einsum does not take the state once")
+        i = which[0]
+        x_labels = _through_layout(h, args[1][i], h_labels)
+        letters = dict(zip(terms[i], x_labels, strict=True))
+        other_term = terms[1 - i]
+        other = args[1][1 - i]
+        state_letters = [c for c, lab in letters.items() if lab == state]
+        require(
+            state_letters
+            and state_letters[0] not in output
+            and all(c in letters for c in other_term)
+            and all(c in output for c in terms[i] if c != state_letters[0]),
+            f"{node.name}: einsum {args[0]!r} is not a contraction over the state dim",
+        )
+        readout_labels = tuple(letters[c] for c in output)
+        c_labels = tuple(letters[c] for c in other_term)
+    elif node.target == aten.sum.dim_IntList:
+        product = args[0]
+        require(
+            isinstance(product, Node) and product.target == aten.mul.Tensor,
+            f"{node.name}: sum of {getattr(product, 'target', product)}, not of a product",
+        )
+        which = [j for j in range(2) if _through_layout(h, product.args[j], h_labels) is not None]
+        require(len(which) == 1, f"{node.name}: the product does not take the state once")
+        x = product.args[which[0]]
+        x_labels = _through_layout(h, x, h_labels)
+        require(shape(x) == shape(product), f"{node.name}: the state is broadcast in the product")
+        other = product.args[1 - which[0]]
+        c_labels = broadcast_labels(other, x_labels, shape(product))
+        rank = len(x_labels)
+        dims = [d + rank if d < 0 else d for d in args[1]]
+        keepdim = args[2] if len(args) > 2 else node.kwargs.get("keepdim", False)
+        require(
+            [x_labels[d] for d in dims] == [state],
+            f"{node.name}: sums over {[x_labels[d] for d in dims]}, not the state dim",
+        )
+        readout_labels = tuple(
+            (None if keepdim else "drop") if d in dims else lab for d, lab in enumerate(x_labels)
+        )
+        readout_labels = tuple(lab for lab in readout_labels if lab != "drop")
+    else:
+        raise Mismatch(f"{node.name} ({node.target}) is not a contraction of the state with C")
+    atoms = factor(other, c_labels, ctx)
+    require(len(atoms) == 1, f"{node.name}: C is a product {[a.describe() for a in atoms]}")
+    C = atoms[0]
+    require(
+        state in C.named() and TIME in C.named() and not C.chain,
+        f"C = {C.describe()} does not vary in time along the state dim",
+    )
+    return Readout(node, readout_labels, C)
+
+
+def broadcast_labels_from(op_shape: tuple, result_labels: Labels, result_shape: tuple) -> Labels:
+    offset = len(result_shape) - len(op_shape)
+    require(offset >= 0, "the readout operand has more batch dims than the state")
+    return tuple(
+        None if size == 1 and result_shape[i + offset] != 1 else result_labels[i + offset]
+        for i, size in enumerate(op_shape)
+    )
