@@ -1,6 +1,7 @@
 """The ``ssmcc`` command line.
 
-    ssmcc inspect MODEL          capture MODEL, run the passes, print the report
+    ssmcc inspect MODEL|FILE.pt2 capture MODEL (or read a saved torch.export program), run the
+                                 passes, print the report
     ssmcc compile MODEL --target onnx --out DIR
                                  write a deployable artifact (model files + manifest.json)
     ssmcc run DIR|MODEL --prompt-ids 1,2,3 --max-new-tokens N
@@ -35,15 +36,24 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     _progress(f"loading {args.model}")
-    model = load_model(args.model)
-    vocab_size = model.config.vocab_size
-    _progress(f"capturing {type(model).__name__} with torch.export (example length {args.seq_len})")
+    if args.model.endswith(".pt2"):
+        model, example_inputs = _load_exported_program(args.model), None
+        _progress("running the passes on the exported program")
+    else:
+        model = load_model(args.model)
+        example_inputs = (default_example_ids(model.config.vocab_size, args.seq_len),)
+        how = "SSM layers routed to ssmcc ops" if args.route else "routing off"
+        _progress(
+            f"capturing {type(model).__name__} with torch.export (example length "
+            f"{args.seq_len}, {how})"
+        )
     compiled = ssmcc.compile(
         model,
         target="torch",
-        example_inputs=(default_example_ids(vocab_size, args.seq_len),),
+        example_inputs=example_inputs,
         pipeline_name=args.pipeline,
         verify=args.verify,
+        route=args.route,
     )
     _progress(f"done in {time.perf_counter() - started:.1f}s")
     if args.json:
@@ -54,6 +64,22 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         print()
         print(format_program(compiled.program), end="")
     return 0
+
+
+def _load_exported_program(path: str):
+    import os
+
+    import torch
+
+    if not os.path.isfile(path):
+        raise SSMCCError(f"{path}: no such file (expected a program saved with torch.export.save)")
+    try:
+        return torch.export.load(path)
+    except Exception as error:  # torch's own exception types
+        raise SSMCCError(
+            f"{path} could not be read by torch.export.load: {type(error).__name__}: "
+            f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        ) from error
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
@@ -192,9 +218,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="capture a model and print what ssmcc found",
         description="Capture MODEL with torch.export (SSM layers routed to ssmcc ops), run the "
         "pass pipeline and print the report: SSM layers, dynamic dims, node and op counts, rule "
-        "hits. MODEL is a local Hugging Face model directory or a preset (see 'ssmcc presets').",
+        "hits, and every scan-like structure that was not rewritten, with where and why. MODEL "
+        "is a local Hugging Face model directory, a preset (see 'ssmcc presets') or a .pt2 "
+        "program saved with torch.export.save.",
     )
-    inspect.add_argument("model", metavar="MODEL", help="model directory or preset name")
+    inspect.add_argument(
+        "model",
+        metavar="MODEL",
+        help="model directory, preset name, or a .pt2 file saved with torch.export.save (your "
+        "own model: the passes run on it, and scans they do not rewrite are listed with why)",
+    )
+    inspect.add_argument(
+        "--no-route",
+        dest="route",
+        action="store_false",
+        help="capture the model's own scan code instead of routing known SSM layers to ssmcc "
+        "ops (a Python loop over time is unrolled at --seq-len); detect_selective_scan then "
+        "re-rolls the scans it recognises",
+    )
     inspect.add_argument(
         "--seq-len",
         type=int,

@@ -30,6 +30,7 @@ class CompileReport:
     node_count: int
     op_counts: dict[str, int]
     compile_seconds: float
+    findings: list[str] = dataclasses.field(default_factory=list)  # scans not rewritten, and why
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -60,6 +61,9 @@ class CompileReport:
             f"total {self.compile_seconds:.2f}s",
         ]
         lines += [f"note:           {note}" for note in cap.notes]
+        if self.findings:
+            lines.append(f"not rewritten:  {len(self.findings)} scan-like structure(s)")
+            lines += [f"  {finding}" for finding in self.findings]
         return "\n".join(lines)
 
 
@@ -89,8 +93,10 @@ class CompiledModel:
         manifest: dict | None = None,
         artifact_dir: str | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        static_length: int | None = None,
     ):
         self.chunk_size = check_chunk_size(chunk_size)
+        self.static_length = static_length  # token count a static-length capture runs at
         self.program = program
         self.report = report
         self.manifest = manifest
@@ -113,6 +119,7 @@ class CompiledModel:
             manifest=manifest,
             artifact_dir=artifact_dir,
             chunk_size=chunk_size,
+            static_length=manifest.get("static_length"),
         )
 
     @torch.inference_mode()
@@ -120,7 +127,14 @@ class CompiledModel:
         if self._token_model:
             if len(args) != 1:
                 raise TypeError("call a compiled language model with one argument: input_ids")
-            return self._runner.logits(check_token_ids(args[0], self.vocab_size))
+            input_ids = check_token_ids(args[0], self.vocab_size)
+            if self.static_length is not None and input_ids.shape[1] != self.static_length:
+                raise InputError(
+                    f"this model was captured at a static length of {self.static_length} tokens "
+                    f"(routing off), got input_ids of length {input_ids.shape[1]}; compile with "
+                    "route=True (the default) for any length, or with example ids of this length"
+                )
+            return self._runner.logits(input_ids)
         return self._runner.logits(*args)
 
     # -- streaming decode -------------------------------------------------------------------
@@ -135,6 +149,12 @@ class CompiledModel:
             raise SSMCCError(
                 "prefill/step/generate need a language model (token ids in, logits "
                 "out); this compiled model is a plain module"
+            )
+        if self.static_length is not None:
+            raise SSMCCError(
+                f"prefill/step/generate need a program whose length is dynamic; this one was "
+                f"captured at a static length of {self.static_length} tokens (routing off). "
+                "Compile with route=True (the default) to stream"
             )
 
     @torch.inference_mode()

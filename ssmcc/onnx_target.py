@@ -124,7 +124,8 @@ def build_onnx_artifact(program, out_dir: str, manifest_extra: dict, overwrite: 
 
     token_model = manifest_extra.get("vocab_size") is not None
     models, specs = {}, []
-    if token_model and state_specs(program):
+    streaming = manifest_extra.get("static_length") is None  # a static length cannot stream
+    if token_model and streaming and state_specs(program):
         programs = derive_stateful_programs(program)
         specs = programs.specs
         names = [s["name"] for s in specs]

@@ -54,7 +54,10 @@ def test_int32_ids_are_accepted(model, compiled):
 
 
 def test_capture_rejects_non_module():
-    with pytest.raises(InputError, match="must be a torch.nn.Module, got function"):
+    with pytest.raises(
+        InputError,
+        match="must be a torch.nn.Module or a torch.export ExportedProgram, got function",
+    ):
         ssmcc.capture(lambda x: x, (torch.zeros(1, 2),))
 
 

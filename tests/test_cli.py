@@ -122,3 +122,37 @@ def test_run_rejects_bad_input(argv, message, capsys):
         code = exit_info.code
     assert code != 0
     assert message in capsys.readouterr().err
+
+
+def test_inspect_a_saved_exported_program_lists_what_was_not_rewritten(tmp_path, capsys):
+    import torch
+
+    from .models.handwritten_mamba import build
+
+    ids = torch.randint(0, 64, (2, 8))
+    for form in ("loop", "mixing"):
+        program = torch.export.export(build(form, layers=1), (ids,), strict=False)
+        torch.export.save(program, tmp_path / f"{form}.pt2")
+    assert main(["inspect", str(tmp_path / "loop.pt2")]) == 0
+    out = capsys.readouterr().out
+    assert "ssmcc ops:      selective_scan x1" in out and "not rewritten" not in out
+    assert main(["inspect", str(tmp_path / "mixing.pt2")]) == 0
+    out = capsys.readouterr().out
+    assert "ssmcc ops:      none" in out
+    assert "not rewritten:  1 scan-like structure(s)" in out
+    assert "unrolled_loop: layers.0.mixer" in out and "mixes state channels" in out
+
+
+def test_inspect_without_routing_rerolls_the_hugging_face_loop(capsys):
+    assert main(["inspect", "mamba-tiny", "--no-route", "--seq-len", "8", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["capture"]["routes"] == []
+    assert report["op_counts"] == {"selective_scan": 2}
+    assert report["rule_hits"]["detect_selective_scan.unrolled_loop"] == 2
+
+
+def test_inspect_of_a_missing_program_file(tmp_path, capsys):
+    assert main(["inspect", str(tmp_path / "nothing.pt2")]) == 1
+    assert "no such file (expected a program saved with torch.export.save)" in (
+        capsys.readouterr().err
+    )

@@ -20,7 +20,7 @@ from torch.export import Dim, ExportedProgram
 
 from ssmcc.capture.inputs import check_token_ids
 from ssmcc.capture.report import CaptureReport, ssmcc_op_counts
-from ssmcc.capture.routes import routed
+from ssmcc.capture.routes import RoutingRecord, routed
 from ssmcc.errors import CaptureError, InputError
 
 REPORT_KEY = "ssmcc.capture_report"
@@ -73,12 +73,25 @@ def tracing_example(input_ids: torch.Tensor) -> torch.Tensor:
     return input_ids.repeat(2 if batch < 2 else 1, 2 if length < 2 else 1)
 
 
+def tracing_example_batch(input_ids: torch.Tensor) -> torch.Tensor:
+    """The example with at least 2 rows (its length kept), so batch is not specialized to 1."""
+    return input_ids.repeat(2, 1) if input_ids.shape[0] < 2 else input_ids
+
+
 def _export_token_model(model: nn.Module, example: torch.Tensor) -> ExportedProgram:
     batch, seq = Dim("batch", min=1), Dim("seq", min=1)
     wrapper = CausalLMLogits(model)
     return torch.export.export(
         wrapper, (example,), dynamic_shapes={"input_ids": {0: batch, 1: seq}}, strict=False
     )
+
+
+def _export_token_model_unrouted(model: nn.Module, example: torch.Tensor) -> ExportedProgram:
+    """Without routing, a Python loop over time fixes the length: the batch dim stays dynamic,
+    the sequence length is the example's."""
+    wrapper = CausalLMLogits(model)
+    shapes = {"input_ids": {0: Dim("batch", min=1)}}
+    return torch.export.export(wrapper, (example,), dynamic_shapes=shapes, strict=False)
 
 
 def _export_generic(model: nn.Module, example_inputs: tuple, dynamic: bool) -> ExportedProgram:
@@ -124,11 +137,25 @@ def _dynamic_dims(
 
 
 def capture_with_report(
-    model: nn.Module, example_inputs, dynamic: bool = True
+    model: nn.Module, example_inputs, dynamic: bool = True, route: bool = True
 ) -> tuple[ExportedProgram, CaptureReport]:
-    """Capture and describe; see ``capture``."""
+    """Capture and describe; see ``capture``. An ``ExportedProgram`` is taken as it is."""
+    if isinstance(model, ExportedProgram):
+        return model, CaptureReport(
+            model="ExportedProgram",
+            routes=[],
+            ssm_layers=[],
+            dynamic_dims=_dynamic_dims(model),
+            node_count=len(model.graph.nodes),
+            op_counts=ssmcc_op_counts(model),
+            capture_seconds=0.0,
+            notes=["an exported program, captured by the caller"],
+        )
     if not isinstance(model, nn.Module):
-        raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise InputError(
+            f"model must be a torch.nn.Module or a torch.export ExportedProgram, got "
+            f"{type(model).__name__}"
+        )
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
@@ -143,9 +170,12 @@ def capture_with_report(
 
     started = time.perf_counter()
     model_name = type(model).__name__
-    with eval_mode(model), routed(model) as routing:
+    routing_scope = routed(model) if route else contextlib.nullcontext(RoutingRecord())
+    with eval_mode(model), routing_scope as routing:
         try:
-            if hf and dynamic:
+            if hf and dynamic and not route:
+                program = _export_token_model_unrouted(model, tracing_example_batch(ids))
+            elif hf and dynamic:
                 program = _export_token_model(model, tracing_example(ids))
             elif hf:
                 program = torch.export.export(CausalLMLogits(model), (ids,), strict=False)
@@ -154,6 +184,7 @@ def capture_with_report(
         except Exception as error:  # report torch.export's own message, with the model named
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
             how = f"routed via {', '.join(routing.routes)}" if routing.routes else "no SSM route"
+            how = how if route else "routing off"
             raise CaptureError(
                 f"torch.export failed for {model_name} ({how}): "
                 f"{type(error).__name__}: {first_line}"
@@ -161,10 +192,16 @@ def capture_with_report(
 
     op_counts = ssmcc_op_counts(program)
     notes = []
-    if not routing.layers and not op_counts:
+    if not route:
         notes.append(
-            "no SSM layer found: captured as plain torch.export "
-            "(no ssmcc op in the graph; known models: Hugging Face Mamba, FalconMamba)"
+            "routing off: SSM layers are captured as the model computes them; the pass "
+            "detect_selective_scan rewrites the scans it recognises"
+        )
+    elif not routing.layers and not op_counts:
+        notes.append(
+            "no SSM layer found: captured as plain torch.export (no ssmcc op in the graph; "
+            "known models: Hugging Face Mamba, FalconMamba); the pass detect_selective_scan "
+            "rewrites the scans it recognises"
         )
     report = CaptureReport(
         model=model_name,
@@ -180,13 +217,19 @@ def capture_with_report(
     return program, report
 
 
-def capture(model: nn.Module, example_inputs, dynamic: bool = True) -> ExportedProgram:
+def capture(
+    model: nn.Module, example_inputs, dynamic: bool = True, route: bool = True
+) -> ExportedProgram:
     """Capture ``model`` with torch.export into the ssmcc IR (ATen + ssmcc ops).
+
+    ``route=False`` exports the model's own code: a Hugging Face mixer's Python loop over time
+    is then unrolled at the example's length (the program is static in length; batch stays
+    dynamic where the model allows), for ``detect_selective_scan`` to re-roll.
 
     Hugging Face Mamba / FalconMamba models take one example tensor of token ids (batch, length);
     the program maps ``input_ids`` to logits with dynamic ``batch`` and ``seq`` dims (>= 1) when
     ``dynamic``. The capture report is stored in ``program.graph_module.meta[REPORT_KEY]``. The
     model object is left as it was, also when capture fails.
     """
-    program, _ = capture_with_report(model, example_inputs, dynamic)
+    program, _ = capture_with_report(model, example_inputs, dynamic, route)
     return program

@@ -1,0 +1,73 @@
+"""Programs whose scans detect_selective_scan rewrote compile on every target, like routed ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ssmcc
+from ssmcc.errors import InputError, SSMCCError
+
+from .conftest import make_hf_model
+from .models.handwritten_mamba import build
+
+TOLERANCE = 1e-4
+RULES = {"loop": "unrolled_loop", "scan_op": "scan_op", "pscan": "parallel_scan"}
+
+
+@pytest.mark.parametrize("target", ["torch", "onnx"])
+@pytest.mark.parametrize("form", list(RULES))
+def test_handwritten_stack_compiles(form, target):
+    model = build(form, layers=2)
+    ids = torch.randint(0, 64, (2, 16))
+    compiled = ssmcc.compile(model, target, example_inputs=(ids,))
+    assert compiled.report.op_counts == {"selective_scan": 2}
+    assert compiled.report.rule_hits[f"detect_selective_scan.{RULES[form]}"] == 2
+    assert compiled.report.findings == []
+    with torch.no_grad():
+        expected = model(ids)
+    assert (torch.as_tensor(compiled(ids)) - expected).abs().max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("target", ["torch", "onnx"])
+def test_hugging_face_without_routing_compiles_at_its_length(target, tmp_path):
+    model = make_hf_model("mamba", num_hidden_layers=2)
+    ids = torch.randint(0, 101, (2, 24))
+    compiled = ssmcc.compile(model, target, example_inputs=(ids,), route=False)
+    assert compiled.report.op_counts == {"selective_scan": 2}
+    assert compiled.report.capture.routes == [] and compiled.static_length == 24
+    with torch.no_grad():
+        for batch in (1, 3):
+            rows = torch.randint(0, 101, (batch, 24))
+            assert (compiled(rows) - model(rows).logits).abs().max() <= TOLERANCE
+    with pytest.raises(InputError, match="static length of 24 tokens"):
+        compiled(ids[:, :10])
+    with pytest.raises(SSMCCError, match="prefill/step/generate need a program whose length"):
+        compiled.generate(ids, max_new_tokens=2)
+    if target == "onnx":
+        assert set(compiled.manifest["graphs"]) == {"prefill"}  # no step graph to stream with
+        compiled.save(str(tmp_path / "artifact"))
+        loaded = ssmcc.load(str(tmp_path / "artifact"))
+        assert loaded.static_length == 24
+        assert (loaded(ids) - compiled(ids)).abs().max() == 0
+
+
+def test_compile_takes_an_exported_program():
+    model = build("loop", layers=1)
+    ids = torch.randint(0, 64, (2, 12))
+    program = torch.export.export(model, (ids,), strict=False)
+    compiled = ssmcc.compile(program, "onnx")
+    assert compiled.report.capture.model == "ExportedProgram"
+    assert compiled.report.op_counts == {"selective_scan": 1}
+    with torch.no_grad():
+        assert (torch.as_tensor(compiled(ids)) - model(ids)).abs().max() <= TOLERANCE
+
+
+def test_report_lists_scans_not_rewritten():
+    model = build("tanh", layers=1)
+    compiled = ssmcc.compile(model, "torch", example_inputs=(torch.randint(0, 64, (2, 6)),))
+    assert compiled.report.op_counts == {}
+    (finding,) = compiled.report.findings
+    assert finding.startswith("unrolled_loop: layers.0.mixer")
+    assert "aten.tanh" in finding and "not linear" in finding
+    assert "not rewritten:  1 scan-like structure(s)" in compiled.report.format()
