@@ -141,6 +141,13 @@ def _softplus_and_bias(match: ScanMatch) -> None:
     else:
         return
     match.softplus, match.folds = True, match.folds + ["fold_softplus"]
+    channel = match.factors.roles.channel
+    if len(delta.chain) == 1 and isinstance(delta.chain[0], tuple):  # per-step softplus(dt + b)
+        op, other, _ = delta.chain[0]
+        if op == aten.add.Tensor and isinstance(other, Atom) and other.named() == {channel}:
+            match.delta_bias = other
+            match.folds.append("fold_delta_bias")
+            delta = Atom(delta.node, delta.labels)
     node = delta.node
     if delta.chain or node.target != aten.add.Tensor or "alpha" in node.kwargs:
         match.factors.delta = delta
@@ -258,7 +265,12 @@ def rewrite(match: ScanMatch, graph_module: GraphModule) -> None:
                 return None
             node = arrange(emit, Labelled(atom.node, atom.labels), want, sizes)
             for op in atom.chain:
-                node = emit(op, node)
+                if isinstance(op, tuple):  # (binary op, other operand, its position)
+                    op, other, index = op
+                    other = place(other, want) if isinstance(other, Atom) else other
+                    node = emit(op, *((node, other) if index == 1 else (other, node)))
+                else:
+                    node = emit(op, node)
             return node
 
         init = match.recurrence.init

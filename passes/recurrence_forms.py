@@ -345,15 +345,24 @@ def find_unrolled(stack: Node) -> Recurrence:
         split_affine(states[1], states[0], depends)
     last = _corresponding(outputs[T - 2], outputs[T - 1], states[T - 2], where, "final state")
     states.append(last)
-    init = _corresponding(states[1], states[0], states[0], where, "initial state")
     forms = _Forms(owner, slices)
-    update_forms = [forms.of(states[t], t, {(states[t - 1] if t else init): "H"}) for t in range(T)]
-    for t in range(1, T):
-        if update_forms[t] != update_forms[0]:
-            here, there = _first_difference(update_forms[t], update_forms[0])
+    decay, drive = split_affine(states[1], states[0], depends)
+    # Step 0 either updates an initial state like every other step, or starts from zero and
+    # keeps only its input term (h_0 = b_0, as a loop that begins at the second step writes it).
+    starts_at_input = forms.of(states[0], 0, {}) == forms.of(drive, 1, {})
+    init = None
+    if not starts_at_input:
+        init = _corresponding(states[1], states[0], states[0], where, "initial state")
+    first = 1 if starts_at_input else 0
+    update_forms = {
+        t: forms.of(states[t], t, {(states[t - 1] if t else init): "H"}) for t in range(first, T)
+    }
+    for t in range(first + 1, T):
+        if update_forms[t] != update_forms[first]:
+            here, there = _first_difference(update_forms[t], update_forms[first])
             raise Mismatch(
                 f"{where}: the steps do not share one update: step {t} computes "
-                f"{_describe(here, 2)} where step 0 computes {_describe(there, 2)}"
+                f"{_describe(here, 2)} where step {first} computes {_describe(there, 2)}"
             )
     out_forms = [forms.of(outputs[t], t, {states[t]: "S"}) for t in range(T)]
     for t in range(1, T):
@@ -362,7 +371,7 @@ def find_unrolled(stack: Node) -> Recurrence:
             f"{where}: step {t} outputs {_describe(out_forms[t])}, step 0 "
             f"{_describe(out_forms[0])}",
         )
-    H, h = states[0], states[1]
+    h = states[1]
     for t, state in enumerate(states[:-1]):
         outside = [u for u in state.users if owner.get(u) not in (t, t + 1)]
         require(
@@ -374,16 +383,15 @@ def find_unrolled(stack: Node) -> Recurrence:
     require(rank == 3, f"{where}: the state {h.name} has {rank} dims; expected 3")
     root = tuple(f"r{i}" for i in range(rank))
 
-    decay, drive = split_affine(h, H, depends)
     ctx = StepContext(
         resolve=lambda n: slices[n][:3] if n in slices and slices[n][3] == step else None,
         is_local=lambda n: owner.get(n) == step,
     )
-    init_value = None if _is_zero_fill(init) else Labelled(init, root)
-    require(
-        init_value is None or shape(init) == shape(h),
-        f"{where}: the initial state {init.name} has shape {shape(init)}, the state {shape(h)}",
-    )
+    init_value = None if init is None or _is_zero_fill(init) else Labelled(init, root)
+    if init_value is not None and shape(init) != shape(h):
+        raise Mismatch(
+            f"{where}: the initial state {init.name} has shape {shape(init)}, the state {shape(h)}"
+        )
     rec = Recurrence(
         rule="unrolled_loop",
         anchor=stack,

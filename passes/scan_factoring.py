@@ -49,6 +49,8 @@ HOISTABLE_UNARY = {
     aten.sigmoid.default,
 }
 
+HOISTABLE_BINARY = {aten.add.Tensor, aten.sub.Tensor}
+
 # resolve(node) -> (source, time axis of source, keepdim) when node is one time step of source.
 Resolver = Callable[[Node], "tuple[Node, int, bool] | None"]
 
@@ -68,7 +70,9 @@ def require(condition: bool, reason: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Atom:
-    """A factor: ``chain`` (unary ops, innermost first) applied to ``node``, dims ``labels``."""
+    """A factor: ``chain`` applied to ``node`` (innermost first), dims ``labels``. A chain entry
+    is a unary op, or ``(op, other, i)``: a binary op with ``other`` (an ``Atom`` or a constant)
+    as its operand ``i``."""
 
     node: Node
     labels: Labels
@@ -80,7 +84,11 @@ class Atom:
     def describe(self) -> str:
         text = self.node.name
         for op in self.chain:
-            text = f"{op.__name__.split('.')[0]}({text})"
+            if isinstance(op, tuple):
+                op, other = op[0], op[1].describe() if isinstance(op[1], Atom) else op[1]
+                text = f"{op.__name__.split('.')[0]}({text}, {other})"
+            else:
+                text = f"{op.__name__.split('.')[0]}({text})"
         return f"{text}{list(self.labels)}"
 
 
@@ -151,19 +159,46 @@ def factor(node, labels: Labels, ctx: StepContext) -> list[Atom]:
     if source_labels is not None:
         return factor(node.args[0], source_labels, ctx)
     if ctx.is_local(node):
-        hoistable = node.target in HOISTABLE_UNARY and not any(
-            isinstance(a, Node) for a in list(node.args[1:]) + list(node.kwargs.values())
-        )
-        require(
-            hoistable,
-            f"{node.name} ({node.target}) is computed inside each step from the step's inputs; "
-            "only data movement, products and elementwise unary ops can be lifted out",
-        )
-        inner = factor(node.args[0], labels, ctx)
-        require(len(inner) == 1, f"{node.name} applies {node.target} to a product")
-        atom = inner[0]
-        return [dataclasses.replace(atom, chain=atom.chain + (node.target,))]
+        return [_hoist(node, labels, ctx)]
     return [Atom(node, tuple(labels))]
+
+
+def _is_step_invariant(operand, ctx: StepContext) -> bool:
+    return not isinstance(operand, Node) or (
+        not ctx.is_local(operand) and ctx.resolve(operand) is None
+    )
+
+
+def _hoist(node: Node, labels: Labels, ctx: StepContext) -> Atom:
+    """A per-step elementwise op of one sliced input (and constants or invariant tensors),
+    kept as a chain entry to re-apply to the whole input."""
+    extra = list(node.args[1:]) + list(node.kwargs.values())
+    if node.target in HOISTABLE_UNARY and not any(isinstance(a, Node) for a in extra):
+        atom = _single(node, factor(node.args[0], labels, ctx))
+        return dataclasses.replace(atom, chain=atom.chain + (node.target,))
+    if node.target in HOISTABLE_BINARY and "alpha" not in node.kwargs:
+        operands = list(node.args[:2])
+        fixed = [i for i, x in enumerate(operands) if _is_step_invariant(x, ctx)]
+        require(len(fixed) == 1, f"{node.name} ({node.target}) combines two per-step values")
+        index, base = fixed[0], operands[1 - fixed[0]]
+        require(shape(base) == shape(node), f"{node.name} broadcasts its per-step operand")
+        atom = _single(node, factor(base, labels, ctx))
+        other = operands[index]
+        if isinstance(other, Node):
+            other = _single(
+                node, factor(other, broadcast_labels(other, labels, shape(node)), StepContext())
+            )
+        return dataclasses.replace(atom, chain=atom.chain + ((node.target, other, index),))
+    raise Mismatch(
+        f"{node.name} ({node.target}) is computed inside each step from the step's inputs; "
+        "only data movement, products and elementwise ops with invariant operands can be lifted "
+        "out of the loop"
+    )
+
+
+def _single(node: Node, atoms: list[Atom]) -> Atom:
+    require(len(atoms) == 1, f"{node.name} applies {node.target} to a product")
+    return atoms[0]
 
 
 def decay_exponent(node, labels: Labels, ctx: StepContext) -> list[Atom]:

@@ -160,6 +160,53 @@ def test_initial_and_final_state_without_folds():
     assert (y - y_ref).abs().max() <= TOLERANCE and (state - state_ref).abs().max() <= TOLERANCE
 
 
+class _PerStepDiscretisation(nn.Module):
+    """Δ = softplus(dt + bias) computed inside the loop, and a loop that starts from the first
+    input term (h_0 = Δ_0 B_0 u_0) instead of from a zero state."""
+
+    def __init__(self, dim=6, state=3):
+        super().__init__()
+        self.A_log = nn.Parameter(torch.rand(dim, state))
+        self.dt_bias = nn.Parameter(torch.rand(dim) - 0.5)
+        self.D = nn.Parameter(torch.randn(dim))
+
+    def forward(self, u, dt, B, C, z):
+        A = -torch.exp(self.A_log)
+        delta = torch.nn.functional.softplus(dt[:, :, 0] + self.dt_bias)
+        h = (delta * u[:, :, 0])[..., None] * B[:, None, :, 0]
+        ys = [torch.matmul(h, C[:, :, 0, None])[..., 0]]
+        for t in range(1, u.shape[2]):
+            delta = torch.nn.functional.softplus(dt[:, :, t] + self.dt_bias)
+            h = (
+                torch.exp(delta[..., None] * A) * h
+                + (delta * u[:, :, t])[..., None] * B[:, None, :, t]
+            )
+            ys.append(torch.matmul(h, C[:, :, t, None])[..., 0])
+        y = torch.stack(ys, -1) + self.D[:, None] * u
+        return y * torch.nn.functional.silu(z)
+
+
+@pytest.mark.parametrize("length", [2, 9])
+def test_discretisation_inside_the_loop_and_a_loop_from_the_first_input(length):
+    torch.manual_seed(0)
+    model = _PerStepDiscretisation()
+    b, d, n = 2, 6, 3
+    args = (
+        torch.randn(b, d, length),
+        torch.randn(b, d, length),
+        torch.randn(b, n, length),
+        torch.randn(b, n, length),
+        torch.randn(b, d, length),
+    )
+    program = torch.export.export(model, args, strict=False)
+    out, hits, findings = _run(program)
+    assert not findings
+    assert hits == {"unrolled_loop": 1, "fold_delta_bias": 1, **{fold: 1 for fold in FOLDS}}
+    (scan,) = [n for n in out.graph.nodes if n.target == torch.ops.ssmcc.selective_scan.default]
+    assert scan.args[7] is not None and scan.args[8] is True and scan.args[9] is None
+    assert (out.module()(*args) - model(*args)).abs().max() <= TOLERANCE
+
+
 @pytest.mark.parametrize(
     "form, reason",
     [
