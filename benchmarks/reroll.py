@@ -41,8 +41,8 @@ def _models(small: bool):
 
     hf = load_model("mamba-tiny" if small else "mamba-130m")
     yield "hf-mamba (own loop)", CausalLMLogits(hf).eval(), hf.config.vocab_size
-    sizes = dict(d_model=64, layers=2, d_state=16) if small else dict(
-        d_model=768, layers=4, d_state=16
+    sizes = (
+        dict(d_model=64, layers=2, d_state=16) if small else dict(d_model=768, layers=4, d_state=16)
     )
     for form in ("loop", "scan_op", "pscan"):
         yield f"hand-written {form}", build(form, vocab=512, **sizes), 512

@@ -49,3 +49,16 @@ def test_harness_survives_failing_and_hanging_contenders(tmp_path):
     assert result["bounds"]["prefill_bound_tok_s"] > 0
     assert "== prefill ==" in done.stdout and "timeout after 20s" in done.stdout
     assert (tmp_path / "prefill_tokens_per_s.png").stat().st_size > 1000
+
+
+def test_reroll_benchmark_measures_one_model():
+    """The re-roll benchmark's row for a tiny hand-written stack: counts from the real passes."""
+    from benchmarks.reroll import format_rows, measure
+
+    from .models.handwritten_mamba import build
+
+    row = measure("loop", build("loop", layers=1, d_model=8, d_state=4), 64, 8, repeats=1)
+    assert row["scans"] == 1 and row["nodes_exported"] > row["nodes_after"]
+    assert all(row[key] > 0 for key in ("exported_ms", "ssmcc_torch_ms", "eager_ms"))
+    table = format_rows([row])
+    assert table.splitlines()[2].startswith("loop") and "x" in table
