@@ -5,8 +5,9 @@ recurrence's state); ``None`` marks a size-1 dim that is broadcast or was insert
 labels are a tuple with one entry per dim.
 
 ``dim_sources(node)`` says, for a unary data-movement op (unsqueeze, squeeze, a size-1 select,
-transpose, permute, expand, a reshape that only adds or drops size-1 dims, clone, alias, widening
-casts), which input dim each output dim comes from, so labels can be carried backwards
+transpose, permute, movedim, expand, a full slice, a reshape that only adds or drops size-1 dims,
+clone, alias, widening casts), which input dim each output dim comes from, so labels can be
+carried backwards
 (``input_labels``) and forwards (``output_labels``). ``broadcast_labels`` gives an operand's
 labels under numpy-style broadcasting against a result whose labels are known. ``arrange`` emits
 the ATen nodes that bring a labelled tensor into a wanted label order.
@@ -109,6 +110,10 @@ def dim_sources(node: Node) -> list[int | None] | None:
         return sources
     if target == aten.permute.default:
         return [_norm(d, rank_in) for d in node.args[1]]
+    if target == aten.movedim.int:
+        order = list(range(rank_in))
+        order.insert(_norm(node.args[2], rank_in), order.pop(_norm(node.args[1], rank_in)))
+        return order
     if target == aten.expand.default:
         offset = rank_out - rank_in
         return [

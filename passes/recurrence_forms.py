@@ -90,7 +90,21 @@ def _is_zero_fill(node) -> bool:
 
 
 def split_affine(h: Node, H: Node, depends) -> tuple[Node, Node]:
-    """``h = add(mul(a, H), b)`` (either operand order): returns (a, b); else why not."""
+    """``h = add(mul(a, H), b)`` (either operand order) or ``addcmul(b, a, H)``: returns (a, b);
+    else why not."""
+    if (
+        h.op == "call_function"
+        and h.target == aten.addcmul.default
+        and h.kwargs.get("value", 1) == 1
+    ):
+        drive, x, y = h.args[:3]
+        if (x is H) != (y is H) and not depends(drive):
+            decay = y if x is H else x
+            require(
+                isinstance(decay, Node) and not depends(decay),
+                f"{h.name}: the decay depends on the state",
+            )
+            return decay, drive
     if h.op == "call_function" and h.target == aten.add.Tensor and "alpha" not in h.kwargs:
         operands = [arg for arg in h.args[:2]]
         on_state = [isinstance(x, Node) and depends(x) for x in operands]
@@ -130,7 +144,8 @@ def _why_not_affine(h: Node, H: Node, depends) -> str:
                 f"the state enters {node.target} ({node.name}), which mixes state channels "
                 "(h_t = W h_{t-1} + b); a selective scan's decay is elementwise"
             )
-        if node.target not in (aten.add.Tensor, aten.mul.Tensor) and dim_sources(node) is None:
+        linear = (aten.add.Tensor, aten.mul.Tensor, aten.addcmul.default)
+        if node.target not in linear and dim_sources(node) is None:
             return NONLINEAR_HINT.format(op=node.target, node=node.name)
         frontier += [a for a in node.args if isinstance(a, Node) and depends(a)]
     return f"{h.name}: the update is not add(mul(a, h), b)"
@@ -373,7 +388,7 @@ def find_unrolled(stack: Node) -> Recurrence:
         )
     h = states[1]
     for t, state in enumerate(states[:-1]):
-        outside = [u for u in state.users if owner.get(u) not in (t, t + 1)]
+        outside = [u for u in state.users if owner.get(u) not in (t, t + 1) and u is not stack]
         require(
             not outside,
             f"{where}: the state of step {t} is also used after the loop by "

@@ -207,6 +207,91 @@ def test_discretisation_inside_the_loop_and_a_loop_from_the_first_input(length):
     assert (out.module()(*args) - model(*args)).abs().max() <= TOLERANCE
 
 
+@pytest.mark.parametrize("parallel", [False, True], ids=["sequential", "pscan"])
+def test_mambapy_model(parallel):
+    """mamba.py's own Mamba (not ours): its sequential loop stacks the states and reads them out
+    after the loop; its parallel mode runs pscan. Both become one selective_scan per layer."""
+    from mambapy.mamba import Mamba, MambaConfig
+
+    torch.manual_seed(0)
+    model = Mamba(MambaConfig(d_model=16, n_layers=2, d_state=4, pscan=parallel)).eval()
+    x = torch.randn(2, 16, 16)
+    out, hits, findings = _run(torch.export.export(model, (x,), strict=False))
+    assert hits[RULE_OF_FORM["pscan" if parallel else "loop"]] == 2 and not findings
+    assert hits["fold_delta_bias"] == 2 and all(hits[fold] == 2 for fold in FOLDS)
+    assert ssmcc_op_counts(out) == {"selective_scan": 2}
+    with torch.no_grad():
+        assert (out.module()(x) - model(x)).abs().max() <= TOLERANCE
+
+
+class _ScanOpStackedStates(nn.Module):
+    """torch's scan along dim 2, the body returning its state; readout by einsum afterwards."""
+
+    def __init__(self, dim=6, state=3):
+        super().__init__()
+        self.A = nn.Parameter(-torch.rand(dim, state))
+
+    def forward(self, u, dt, B, C):
+        from torch._higher_order_ops.scan import scan
+
+        def step(h, xs):
+            u_t, dt_t, B_t = xs
+            h = torch.exp(dt_t[..., None] * self.A) * h + (dt_t * u_t)[..., None] * B_t[:, None]
+            return h, h.clone()
+
+        h0 = torch.zeros(u.shape[0], self.A.shape[0], self.A.shape[1])
+        _, hs = scan(step, h0, (u, dt, B), dim=2)
+        return torch.einsum("bdln,bnl->bdl", hs, C)
+
+
+class _TimeSecondLoop(nn.Module):
+    """Tensors (batch, time, channel); addcmul update; readout summed over the state dim."""
+
+    def __init__(self, dim=6, state=3):
+        super().__init__()
+        self.A_log = nn.Parameter(torch.rand(dim, state))
+        self.D = nn.Parameter(torch.randn(dim))
+
+    def forward(self, u, dt, B, C, z):
+        decay = torch.exp(dt.unsqueeze(-1) * -torch.exp(self.A_log))  # (b, l, d, n)
+        drive = (dt * u).unsqueeze(-1) * B.unsqueeze(2)
+        h = torch.zeros_like(decay[:, 0])
+        ys = []
+        for t in range(u.shape[1]):
+            h = torch.addcmul(drive[:, t], decay[:, t], h)
+            ys.append((h * C[:, t].unsqueeze(1)).sum(dim=2))
+        return (torch.stack(ys, 1) + u * self.D) * torch.nn.functional.silu(z)
+
+
+@pytest.mark.parametrize(
+    "model, layout, rule",
+    [
+        (_ScanOpStackedStates(), "bdl", "scan_op"),
+        (_TimeSecondLoop(), "bld", "unrolled_loop"),
+    ],
+    ids=["scan_op_stacked_states", "time_second_addcmul"],
+)
+def test_other_spellings(model, layout, rule):
+    torch.manual_seed(0)
+    b, d, n, length = 2, 6, 3, 10
+
+    def make(channels):
+        return (
+            torch.randn(b, channels, length)
+            if layout == "bdl"
+            else torch.randn(b, length, channels)
+        )
+
+    args = [make(d), make(d).abs(), make(n), make(n)]
+    if isinstance(model, _TimeSecondLoop):
+        args.append(make(d))
+    out, hits, findings = _run(torch.export.export(model, tuple(args), strict=False))
+    assert hits[rule] == 1 and not findings
+    assert ssmcc_op_counts(out) == {"selective_scan": 1}
+    with torch.no_grad():
+        assert (out.module()(*args) - model(*args)).abs().max() <= TOLERANCE
+
+
 @pytest.mark.parametrize(
     "form, reason",
     [
