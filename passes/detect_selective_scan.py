@@ -299,6 +299,12 @@ def rewrite(match: ScanMatch, graph_module: GraphModule) -> None:
         for use in match.last_state:
             state = unlabel_to(emit, last, (b, d, n), use.labels)
             states.append((use.node, _cast_like(emit, state, use.node)))
+    anchor = match.recurrence.anchor
+    for node in graph.nodes:  # new nodes belong to the module that computed the scan
+        if "val" in node.meta and "nn_module_stack" not in node.meta:
+            for key in ("nn_module_stack", "stack_trace"):
+                if key in anchor.meta:
+                    node.meta[key] = anchor.meta[key]
     match.output.node.replace_all_uses_with(replacement)
     for node, state in states:
         node.replace_all_uses_with(state)

@@ -97,14 +97,23 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         return 1
     started = time.perf_counter()
     _progress(f"loading {args.model}")
-    model = load_model(args.model)
-    _progress(f"compiling {type(model).__name__} for target {args.target}")
+    if args.model.endswith(".pt2"):
+        model, example_inputs = _load_exported_program(args.model), None
+        name = "the exported program"
+    else:
+        model = load_model(args.model)
+        example_inputs = (default_example_ids(model.config.vocab_size, args.seq_len),)
+        name = type(model).__name__
+    _progress(f"compiling {name} for target {args.target}")
     compiled = ssmcc.compile(
         model,
         target=args.target,
-        example_inputs=(default_example_ids(model.config.vocab_size, args.seq_len),),
+        example_inputs=example_inputs,
         kernels=args.kernels,
+        route=args.route,
     )
+    for finding in compiled.report.findings:
+        _progress(f"not rewritten: {finding}")
     _progress(f"writing {args.out}")
     compiled.save(args.out, overwrite=args.overwrite)
     manifest = ssmcc.load(args.out, kernels="reference").manifest
@@ -114,7 +123,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         first = graph["inputs"][0]
         print(
             f"  {name}: {graph['onnx_nodes']} ONNX nodes, ssmcc nodes {graph['ssmcc_nodes']}, "
-            f"inputs {first['name']}{first['dims']} + {len(graph['inputs']) - 1} state tensors"
+            f"inputs {first['name']}{first['dims']}"
+            + (f" + {len(graph['inputs']) - 1} state tensors" if manifest["states"] else "")
         )
     _progress(f"done in {time.perf_counter() - started:.1f}s")
     return 0
@@ -261,7 +271,18 @@ def build_parser() -> argparse.ArgumentParser:
         "hashes). Nothing is left behind on failure; an existing DIR is kept unless --overwrite. "
         "Load it back with ssmcc.load(DIR).",
     )
-    comp.add_argument("model", metavar="MODEL", help="model directory or preset name")
+    comp.add_argument(
+        "model",
+        metavar="MODEL",
+        help="model directory, preset name, or a .pt2 file saved with torch.export.save",
+    )
+    comp.add_argument(
+        "--no-route",
+        dest="route",
+        action="store_false",
+        help="capture the model's own scan code (see 'inspect --no-route'); the artifact then "
+        "runs at --seq-len tokens only, without step graphs",
+    )
     comp.add_argument(
         "--target",
         default="onnx",
