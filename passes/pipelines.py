@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from ssmcc.errors import SSMCCError
 from ssmcc.passes.canonicalize import canonicalize
+from ssmcc.passes.detect_causal_conv1d import detect_causal_conv1d
 from ssmcc.passes.detect_selective_scan import detect_selective_scan
 from ssmcc.passes.eliminate_dead_code import eliminate_dead_code
 from ssmcc.passes.pass_base import PassFn
 
 PIPELINES: dict[str, list[PassFn]] = {
-    # Clean-up every target starts from; scans that capture did not route become ssmcc ops.
-    "default": [canonicalize, detect_selective_scan, eliminate_dead_code],
+    # Clean-up every target starts from; convolutions and scans that capture did not route
+    # become ssmcc ops.
+    "default": [canonicalize, detect_causal_conv1d, detect_selective_scan, eliminate_dead_code],
     # Capture output unchanged (for inspecting what torch.export produced).
     "none": [],
 }

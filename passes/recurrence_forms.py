@@ -543,6 +543,7 @@ REGION_OPS = {
     aten.cat.default,
     aten.stack.default,
     aten.constant_pad_nd.default,
+    aten.pad.default,
     aten.copy.default,
 }
 
@@ -572,6 +573,8 @@ MOVEMENT = {
     aten.squeeze.dim,
     aten.squeeze.dims,
     aten.expand.default,
+    aten.pad.default,
+    aten.constant_pad_nd.default,
 }
 
 

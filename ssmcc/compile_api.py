@@ -11,6 +11,7 @@ from torch.export import ExportedProgram
 from ssmcc.capture.export import capture_with_report, is_hf_model, vocab_size_of
 from ssmcc.capture.report import ssmcc_op_counts
 from ssmcc.compiled import CompiledModel, CompileReport
+from ssmcc.dynamic_length import relax_static_length
 from ssmcc.errors import InputError
 from ssmcc.lowering import PLANNED_BACKENDS, TARGETS
 from ssmcc.onnx_target import compile_to_onnx, keep_workdir_until_collected
@@ -70,9 +71,11 @@ def compile(
     ``chunk_size``: tokens per chunk when ``prefill``/``generate`` run a prompt (pass
     ``chunk_state_passing``); also the granularity of prefix caching.
     ``route``: capture known SSM layers (Hugging Face Mamba, FalconMamba) as ssmcc ops. With
-    ``route=False`` the model's own scan code is exported (at the example's length, for a Python
-    loop over time) and the pass ``detect_selective_scan`` rewrites the scans it recognises; a
-    program of static length runs at that length only, without prefill/step/generate.
+    ``route=False`` the model's own code is exported (a Python loop over time: at the example's
+    length) and the passes ``detect_causal_conv1d`` and ``detect_selective_scan`` rewrite what
+    they recognise; if nothing else used the captured length the program is re-exported with a
+    dynamic length (and streams like a routed one), else it runs at that length only, without
+    prefill/step/generate (the report's notes say which, and why).
     """
     check_chunk_size(chunk_size)
     if kernels not in ("auto", "reference"):
@@ -98,9 +101,21 @@ def compile(
     captured, capture_report = capture_with_report(model, example_inputs, dynamic=True, route=route)
     ctx = PassContext(verify=verify)
     program, pipeline_report = run_passes(captured, pipeline(pipeline_name), ctx)
+    static_length = static_sequence_length(program) if token_model else None
+    if static_length is not None:
+        relaxed, why = relax_static_length(program, static_length, vocab_size)
+        if relaxed is None:
+            capture_report.notes.append(f"length stays static at {static_length} tokens: {why}")
+        else:
+            program, again = run_passes(relaxed, pipeline(pipeline_name), ctx)
+            pipeline_report.records += again.records
+            capture_report.notes.append(
+                f"length made dynamic: only the scans and convolutions the passes replaced "
+                f"used the captured length ({static_length})"
+            )
+            static_length = None
     verify_program(program, after=f"pipeline {pipeline_name}")
     manifest = artifact_dir = workdir = None
-    static_length = static_sequence_length(program) if token_model else None
     if target == "onnx":
         extra = {
             "model": capture_report.model,

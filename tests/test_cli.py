@@ -135,10 +135,11 @@ def test_inspect_a_saved_exported_program_lists_what_was_not_rewritten(tmp_path,
         torch.export.save(program, tmp_path / f"{form}.pt2")
     assert main(["inspect", str(tmp_path / "loop.pt2")]) == 0
     out = capsys.readouterr().out
-    assert "ssmcc ops:      selective_scan x1" in out and "not rewritten" not in out
+    assert "ssmcc ops:      causal_conv1d x1, selective_scan x1" in out
+    assert "not rewritten" not in out
     assert main(["inspect", str(tmp_path / "mixing.pt2")]) == 0
     out = capsys.readouterr().out
-    assert "ssmcc ops:      none" in out
+    assert "ssmcc ops:      causal_conv1d x1\n" in out  # the scan stays as it was
     assert "not rewritten:  1 scan-like structure(s)" in out
     assert "unrolled_loop: layers.0.mixer" in out and "mixes state channels" in out
 
@@ -147,8 +148,9 @@ def test_inspect_without_routing_rerolls_the_hugging_face_loop(capsys):
     assert main(["inspect", "mamba-tiny", "--no-route", "--seq-len", "8", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["capture"]["routes"] == []
-    assert report["op_counts"] == {"selective_scan": 2}
+    assert report["op_counts"] == {"causal_conv1d": 2, "selective_scan": 2}
     assert report["rule_hits"]["detect_selective_scan.unrolled_loop"] == 2
+    assert report["rule_hits"]["detect_causal_conv1d.padded_conv_slice"] == 2
 
 
 def test_inspect_of_a_missing_program_file(tmp_path, capsys):

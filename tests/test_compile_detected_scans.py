@@ -21,7 +21,7 @@ def test_handwritten_stack_compiles(form, target):
     model = build(form, layers=2)
     ids = torch.randint(0, 64, (2, 16))
     compiled = ssmcc.compile(model, target, example_inputs=(ids,))
-    assert compiled.report.op_counts == {"selective_scan": 2}
+    assert compiled.report.op_counts["selective_scan"] == 2
     assert compiled.report.rule_hits[f"detect_selective_scan.{RULES[form]}"] == 2
     assert compiled.report.findings == []
     with torch.no_grad():
@@ -30,17 +30,40 @@ def test_handwritten_stack_compiles(form, target):
 
 
 @pytest.mark.parametrize("target", ["torch", "onnx"])
-def test_hugging_face_without_routing_compiles_at_its_length(target, tmp_path):
-    model = make_hf_model("mamba", num_hidden_layers=2)
+@pytest.mark.parametrize("family", ["mamba", "falcon_mamba"])
+def test_hugging_face_without_routing_becomes_a_routed_like_program(family, target):
+    """HF's own loop, captured at 24 tokens with routing off: once the scans and the cut conv1d
+    are ssmcc ops nothing else uses the length, so the program runs at any length and streams;
+    greedy tokens identical to HF generate."""
+    model = make_hf_model(family, num_hidden_layers=2)
     ids = torch.randint(0, 101, (2, 24))
     compiled = ssmcc.compile(model, target, example_inputs=(ids,), route=False)
-    assert compiled.report.op_counts == {"selective_scan": 2}
-    assert compiled.report.capture.routes == [] and compiled.static_length == 24
+    assert compiled.report.op_counts == {"causal_conv1d": 2, "selective_scan": 2}
+    assert compiled.report.capture.routes == [] and compiled.static_length is None
+    assert "length made dynamic" in compiled.report.capture.notes[-1]
     with torch.no_grad():
-        for batch in (1, 3):
-            rows = torch.randint(0, 101, (batch, 24))
-            assert (compiled(rows) - model(rows).logits).abs().max() <= TOLERANCE
-    with pytest.raises(InputError, match="static length of 24 tokens"):
+        for batch, length in ((1, 1), (3, 7), (2, 40)):
+            rows = torch.randint(0, 101, (batch, length))
+            assert (torch.as_tensor(compiled(rows)) - model(rows).logits).abs().max() <= TOLERANCE
+        expected = model.generate(ids[:, :5], max_new_tokens=6, do_sample=False)
+    tokens = torch.as_tensor(compiled.generate(ids[:, :5], 6))
+    assert torch.equal(tokens, expected)  # prompt + 6 new tokens, as HF returns them
+
+
+@pytest.mark.parametrize("target", ["torch", "onnx"])
+def test_a_program_that_keeps_its_length_runs_at_that_length_only(target, tmp_path):
+    """Without the passes (pipeline "none") the unrolled loop keeps the captured length."""
+    model = make_hf_model("mamba", num_hidden_layers=2)
+    ids = torch.randint(0, 101, (2, 12))
+    compiled = ssmcc.compile(
+        model, target, example_inputs=(ids,), route=False, pipeline_name="none"
+    )
+    assert compiled.static_length == 12
+    assert "length stays static at 12 tokens" in compiled.report.capture.notes[-1]
+    with torch.no_grad():
+        rows = torch.randint(0, 101, (3, 12))
+        assert (compiled(rows) - model(rows).logits).abs().max() <= TOLERANCE
+    with pytest.raises(InputError, match="static length of 12 tokens"):
         compiled(ids[:, :10])
     with pytest.raises(SSMCCError, match="prefill/step/generate need a program whose length"):
         compiled.generate(ids, max_new_tokens=2)
@@ -48,7 +71,7 @@ def test_hugging_face_without_routing_compiles_at_its_length(target, tmp_path):
         assert set(compiled.manifest["graphs"]) == {"prefill"}  # no step graph to stream with
         compiled.save(str(tmp_path / "artifact"))
         loaded = ssmcc.load(str(tmp_path / "artifact"))
-        assert loaded.static_length == 24
+        assert loaded.static_length == 12
         assert (loaded(ids) - compiled(ids)).abs().max() == 0
 
 
@@ -58,7 +81,7 @@ def test_compile_takes_an_exported_program():
     program = torch.export.export(model, (ids,), strict=False)
     compiled = ssmcc.compile(program, "onnx")
     assert compiled.report.capture.model == "ExportedProgram"
-    assert compiled.report.op_counts == {"selective_scan": 1}
+    assert compiled.report.op_counts == {"causal_conv1d": 1, "selective_scan": 1}
     with torch.no_grad():
         assert (torch.as_tensor(compiled(ids)) - model(ids)).abs().max() <= TOLERANCE
 
@@ -66,7 +89,7 @@ def test_compile_takes_an_exported_program():
 def test_report_lists_scans_not_rewritten():
     model = build("tanh", layers=1)
     compiled = ssmcc.compile(model, "torch", example_inputs=(torch.randint(0, 64, (2, 6)),))
-    assert compiled.report.op_counts == {}
+    assert "selective_scan" not in compiled.report.op_counts
     (finding,) = compiled.report.findings
     assert finding.startswith("unrolled_loop: layers.0.mixer")
     assert "aten.tanh" in finding and "not linear" in finding

@@ -37,7 +37,12 @@ def test_report_describes_capture_and_passes(model_and_compiled):
     layers = model.config.num_hidden_layers
     assert report.target == "torch" and compiled.target == "torch"
     assert report.op_counts == {"causal_conv1d": layers, "selective_scan": layers}
-    assert report.passes_run == ["canonicalize", "detect_selective_scan", "eliminate_dead_code"]
+    assert report.passes_run == [
+        "canonicalize",
+        "detect_causal_conv1d",
+        "detect_selective_scan",
+        "eliminate_dead_code",
+    ]
     assert report.rule_hits["eliminate_dead_code.dead_node"] == 2 * layers  # unused final states
     assert report.node_count == len(compiled.program.graph.nodes) < report.capture.node_count
     text = report.format()
