@@ -61,7 +61,8 @@ def measure(name, model, vocab, length, repeats) -> dict:
     passes_s = time.perf_counter() - started
     compiled = ssmcc.compile(rewritten, "torch")
     exported = program.module()
-    hits = {k.split(".", 1)[1]: v for k, v in report.rule_hits.items() if "detect" in k}
+    prefix = "detect_selective_scan."
+    hits = {k[len(prefix) :]: v for k, v in report.rule_hits.items() if k.startswith(prefix)}
     return {
         "model": name,
         "length": length,
