@@ -6,7 +6,8 @@ Rules (each a ``NodeRule``, hits counted by name):
   dtype dt (and the same device and layout) is x.
 - ``metadata_assert``: ``aten._assert_tensor_metadata(x, ...)`` checks at run time a dtype that
   the graph's metadata already records; it has no users and produces nothing.
-- ``full_slice``: ``aten.slice(x, dim, 0, end, 1)`` with ``end >= x.shape[dim]`` is x.
+- ``full_slice``: ``aten.slice(x, dim, 0, end, 1)`` with ``end >= x.shape[dim]`` (or end the dim's
+  own symbolic size) is x.
 - ``inverse_transpose``: ``transpose(transpose(x, a, b), a, b)`` is x.
 - ``undo_unsqueeze``: ``select(unsqueeze(x, d), d, 0)`` and ``squeeze(unsqueeze(x, d), d)`` are x
   (both are views, so the result is x itself, not a copy of it).
@@ -17,12 +18,11 @@ these rules, every other node untouched.
 
 from __future__ import annotations
 
-import sys
-
 import torch
 from torch.export import ExportedProgram
 from torch.fx import Node
 
+from ssmcc.passes.dim_labels import is_full_slice, slice_args
 from ssmcc.passes.pass_base import PassContext, PassResult
 from ssmcc.passes.program import rebuild_program
 from ssmcc.passes.rules import NodeRule, Reject, apply_rules, replace_with
@@ -47,17 +47,15 @@ def _is_noop_cast(node: Node) -> bool | Reject:
 
 
 def _is_full_slice(node: Node) -> bool | Reject:
-    source = _value(node.args[0])
-    defaults = (0, None, None, 1)  # aten.slice.Tensor(self, dim=0, start=None, end=None, step=1)
-    dim, start, end, step = tuple(node.args[1:]) + defaults[len(node.args) - 1 :]
-    if source is None:
+    if is_full_slice(node):
+        return True
+    dim, start, end, step = slice_args(node)
+    if _value(node.args[0]) is None:
         return Reject("no tensor metadata on input")
     if start not in (0, None) or step != 1:
         return Reject(f"start {start}, step {step}")
-    if end is None or (isinstance(end, int) and end >= sys.maxsize):
-        return True
-    if isinstance(end, int) and not isinstance(source.shape[dim], torch.SymInt):
-        return True if end >= source.shape[dim] else Reject(f"end {end} cuts the dim")
+    if isinstance(end, int) and isinstance(_value(node.args[0]).shape[dim], int):
+        return Reject(f"end {end} cuts the dim")
     return Reject(f"end {end} is not provably the full dim")
 
 

@@ -124,22 +124,43 @@ def dim_sources(node: Node) -> list[int | None] | None:
         ]
     if target in _VIEWS:
         return _reshape_sources(tuple(in_val.shape), tuple(out_val.shape))
-    if target == aten.slice.Tensor and _is_full_slice(node, in_val):
+    if target == aten.slice.Tensor and is_full_slice(node):
         return list(range(rank_in))
     return None
 
 
-def _is_full_slice(node: Node, source: torch.Tensor) -> bool:
-    """``x[:, 0:end]`` where end covers the whole dim (as export writes ``x[:, None]``)."""
-    dim, start, end, step = (tuple(node.args[1:]) + (0, None, None, 1)[len(node.args) - 1 :])[:4]
-    if start not in (0, None) or step != 1:
+def slice_args(node: Node) -> tuple:
+    """``(dim, start, end, step)`` of an ``aten.slice.Tensor`` node, defaults filled in."""
+    return (tuple(node.args[1:]) + (0, None, None, 1)[len(node.args) - 1 :])[:4]
+
+
+def is_full_slice(node: Node) -> bool:
+    """``x[:, 0:end]`` where end provably covers the whole dim (as export writes ``x[:, None]``):
+    no end, the maximal int, an int at least the static size, or the dim's own symbolic size."""
+    source = value(node.args[0])
+    dim, start, end, step = slice_args(node)
+    if source is None or start not in (0, None) or step != 1:
         return False
     size = source.shape[_norm(dim, source.dim())]
     if end is None or (isinstance(end, int) and end >= sys.maxsize):
         return True
     if isinstance(end, int) and isinstance(size, int):
         return end >= size
-    return str(end) == str(size)
+    return isinstance(end, torch.SymInt) and str(end) == str(size)
+
+
+def labels_along(start: Node, end: Node, labels: Labels) -> Labels | None:
+    """Labels of ``end`` when it is reached from ``start`` (dims ``labels``) through data
+    movement only; ``None`` otherwise."""
+    chain, node = [], end
+    while node is not start:
+        if not isinstance(node, Node) or dim_sources(node) is None:
+            return None
+        chain.append(node)
+        node = node.args[0]
+    for link in reversed(chain):
+        labels = output_labels(link, labels)
+    return labels
 
 
 def input_labels(node: Node, labels: Labels) -> Labels | None:

@@ -29,7 +29,15 @@ import networkx as nx
 import torch
 from torch.fx import Graph, GraphModule, Node
 
-from ssmcc.passes.dim_labels import Labelled, Labels, dim_sources, output_labels, shape, value
+from ssmcc.passes.dim_labels import (
+    Labelled,
+    Labels,
+    broadcast_labels,
+    dim_sources,
+    labels_along,
+    shape,
+    value,
+)
 from ssmcc.passes.scan_factoring import TIME, Mismatch, StepContext, require, with_time
 
 aten = torch.ops.aten
@@ -411,14 +419,14 @@ def find_unrolled(stack: Node) -> Recurrence:
         rule="unrolled_loop",
         anchor=stack,
         state_labels=root,
-        decay=(decay, broadcast_to(decay, root, h)),
-        drive=(drive, broadcast_to(drive, root, h)),
+        decay=(decay, broadcast_labels(decay, root, shape(h))),
+        drive=(drive, broadcast_labels(drive, root, shape(h))),
         ctx=ctx,
         init=init_value,
         last_state=[Labelled(last, root)],
     )
     out = outputs[step]
-    out_labels = _labels_via_layout(states[step], out, root)
+    out_labels = labels_along(states[step], out, root)
     if out_labels is not None:
         rec.states = Labelled(stack, with_time(out_labels, axis, False))
     else:
@@ -435,24 +443,6 @@ def _depends_on(node, H, owner, step, memo) -> bool:
     if node not in memo:
         memo[node] = any(_depends_on(a, H, owner, step, memo) for a in node.all_input_nodes)
     return memo[node]
-
-
-def broadcast_to(operand: Node, labels: Labels, result: Node) -> Labels:
-    from ssmcc.passes.dim_labels import broadcast_labels
-
-    return broadcast_labels(operand, labels, shape(result))
-
-
-def _labels_via_layout(start: Node, end: Node, labels: Labels) -> Labels | None:
-    chain, node = [], end
-    while node is not start:
-        if not isinstance(node, Node) or dim_sources(node) is None:
-            return None
-        chain.append(node)
-        node = node.args[0]
-    for link in reversed(chain):
-        labels = output_labels(link, labels)
-    return labels
 
 
 # --- torch scan higher-order op -------------------------------------------------------------
@@ -504,14 +494,14 @@ def find_scan_op(node: Node, module: GraphModule) -> Recurrence:
         rule="scan_op",
         anchor=node,
         state_labels=root,
-        decay=(decay, broadcast_to(decay, root, h)),
-        drive=(drive, broadcast_to(drive, root, h)),
+        decay=(decay, broadcast_labels(decay, root, shape(h))),
+        drive=(drive, broadcast_labels(drive, root, shape(h))),
         ctx=ctx,
         init=None if _is_zero_fill(init) else Labelled(init, root),
         last_state=[Labelled(results[0], root)] if 0 in results else [],
     )
     require(1 in results, f"{where}: the stacked outputs are not used")
-    y_labels = _labels_via_layout(h, ys[0], root)
+    y_labels = labels_along(h, ys[0], root)
     if y_labels is not None:
         rec.states = Labelled(results[1], with_time(y_labels, 0, False))
     else:

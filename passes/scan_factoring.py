@@ -32,9 +32,8 @@ from ssmcc.passes.dim_labels import (
     Labels,
     broadcast_labels,
     input_labels,
-    output_labels,
+    labels_along,
     shape,
-    value,
 )
 
 aten = torch.ops.aten
@@ -293,20 +292,6 @@ class Readout:
     C: Atom
 
 
-def _through_layout(start: Node, end: Node, labels: Labels) -> Labels | None:
-    """Labels of ``end`` if it is reached from ``start`` by data movement only, else None."""
-    chain = []
-    node = end
-    while node is not start:
-        if not isinstance(node, Node) or input_labels(node, (None,) * value(node).dim()) is None:
-            return None
-        chain.append(node)
-        node = node.args[0]
-    for link in reversed(chain):
-        labels = output_labels(link, labels)
-    return labels
-
-
 def read_contraction(
     node: Node, h: Node, h_labels: Labels, state: str, ctx: StepContext
 ) -> Readout:
@@ -314,7 +299,7 @@ def read_contraction(
     product); returns its output labels and C."""
     args = list(node.args)
     if node.target == aten.matmul.default:
-        x_labels = _through_layout(h, args[0], h_labels)
+        x_labels = labels_along(h, args[0], h_labels)
         require(x_labels is not None, f"{node.name}: the state is not the left matmul operand")
         other = args[1]
         x_shape, c_shape = shape(args[0]), shape(other)
@@ -329,10 +314,12 @@ def read_contraction(
     elif node.target == aten.einsum.default and len(args[1]) == 2:
         inputs, output = args[0].replace(" ", "").split("->")
         terms = inputs.split(",")
-        which = [i for i, operand in enumerate(args[1]) if _through_layout(h, operand, h_labels)]
+        which = [
+            i for i, operand in enumerate(args[1]) if labels_along(h, operand, h_labels) is not None
+        ]
         require(len(which) == 1, f"{node.name}: einsum does not take the state once")
         i = which[0]
-        x_labels = _through_layout(h, args[1][i], h_labels)
+        x_labels = labels_along(h, args[1][i], h_labels)
         letters = dict(zip(terms[i], x_labels, strict=True))
         other_term = terms[1 - i]
         other = args[1][1 - i]
@@ -352,10 +339,10 @@ def read_contraction(
             isinstance(product, Node) and product.target == aten.mul.Tensor,
             f"{node.name}: sum of {getattr(product, 'target', product)}, not of a product",
         )
-        which = [j for j in range(2) if _through_layout(h, product.args[j], h_labels) is not None]
+        which = [j for j in range(2) if labels_along(h, product.args[j], h_labels) is not None]
         require(len(which) == 1, f"{node.name}: the product does not take the state once")
         x = product.args[which[0]]
-        x_labels = _through_layout(h, x, h_labels)
+        x_labels = labels_along(h, x, h_labels)
         require(shape(x) == shape(product), f"{node.name}: the state is broadcast in the product")
         other = product.args[1 - which[0]]
         c_labels = broadcast_labels(other, x_labels, shape(product))
