@@ -512,43 +512,7 @@ def find_scan_op(node: Node, module: GraphModule) -> Recurrence:
 
 # --- parallel scans (data movement + add/mul regions) ---------------------------------------
 
-REGION_OPS = {
-    aten.clone.default,
-    aten.alias.default,
-    aten.view.default,
-    aten._unsafe_view.default,
-    aten.reshape.default,
-    aten.transpose.int,
-    aten.permute.default,
-    aten.select.int,
-    aten.slice.Tensor,
-    aten.select_scatter.default,
-    aten.slice_scatter.default,
-    aten.unsqueeze.default,
-    aten.squeeze.dim,
-    aten.squeeze.dims,
-    aten.expand.default,
-    aten.mul.Tensor,
-    aten.add.Tensor,
-    aten.cat.default,
-    aten.stack.default,
-    aten.constant_pad_nd.default,
-    aten.pad.default,
-    aten.copy.default,
-}
-
-
-def _layout_chain_down(node: Node) -> list[Node]:
-    """``node`` and the single-user data-movement ops that follow it."""
-    chain = [node]
-    while len(chain[-1].users) == 1:
-        user = next(iter(chain[-1].users))
-        if dim_sources(user) is None or user.args[0] is not chain[-1]:
-            break
-        chain.append(user)
-    return chain
-
-
+# Ops that only move or pick data of one tensor (a constant pad fills zeros).
 MOVEMENT = {
     aten.clone.default,
     aten.alias.default,
@@ -566,6 +530,28 @@ MOVEMENT = {
     aten.pad.default,
     aten.constant_pad_nd.default,
 }
+
+# What a parallel scan is built from: data movement, scatters back into a buffer, + and x.
+REGION_OPS = MOVEMENT | {
+    aten.select_scatter.default,
+    aten.slice_scatter.default,
+    aten.mul.Tensor,
+    aten.add.Tensor,
+    aten.cat.default,
+    aten.stack.default,
+    aten.copy.default,
+}
+
+
+def _layout_chain_down(node: Node) -> list[Node]:
+    """``node`` and the single-user data-movement ops that follow it."""
+    chain = [node]
+    while len(chain[-1].users) == 1:
+        user = next(iter(chain[-1].users))
+        if dim_sources(user) is None or user.args[0] is not chain[-1]:
+            break
+        chain.append(user)
+    return chain
 
 
 def _movement_chain_up(node: Node) -> list[Node]:
