@@ -425,13 +425,18 @@ def find_unrolled(stack: Node) -> Recurrence:
         init=init_value,
         last_state=[Labelled(last, root)],
     )
-    out = outputs[step]
-    out_labels = labels_along(states[step], out, root)
-    if out_labels is not None:
-        rec.states = Labelled(stack, with_time(out_labels, axis, False))
+    return _with_outputs(rec, outputs[step], states[step], stack, axis)
+
+
+def _with_outputs(rec: Recurrence, step_output: Node, h: Node, collected: Node, axis: int):
+    """What a step outputs, gathered along ``axis`` of ``collected``: the state itself (moved
+    only), so ``collected`` is the whole state sequence, or a value read out of the state."""
+    labels = labels_along(h, step_output, rec.state_labels)
+    if labels is not None:
+        rec.states = Labelled(collected, with_time(labels, axis, False))
     else:
-        rec.step_output = (out, states[step])
-        rec.collected = (stack, axis)
+        rec.step_output = (step_output, h)
+        rec.collected = (collected, axis)
     return rec
 
 
@@ -501,13 +506,7 @@ def find_scan_op(node: Node, module: GraphModule) -> Recurrence:
         last_state=[Labelled(results[0], root)] if 0 in results else [],
     )
     require(1 in results, f"{where}: the stacked outputs are not used")
-    y_labels = labels_along(h, ys[0], root)
-    if y_labels is not None:
-        rec.states = Labelled(results[1], with_time(y_labels, 0, False))
-    else:
-        rec.step_output = (ys[0], h)
-        rec.collected = (results[1], 0)
-    return rec
+    return _with_outputs(rec, ys[0], h, results[1], 0)
 
 
 # --- parallel scans (data movement + add/mul regions) ---------------------------------------
