@@ -104,7 +104,7 @@ def prepare_torch_onnx(model: nn.Module, ctx: dict) -> Runner:
     import onnx
     import onnxruntime as ort
 
-    from ssmcc.capture.export import CausalLMLogits
+    from ssmcc.frontend.export import CausalLMLogits
 
     length = ctx["export_length"]
     folder = tempfile.mkdtemp(prefix="bench-torch-onnx-")
@@ -176,10 +176,10 @@ def _prepare_ssmcc_onnx(model: nn.Module, ctx: dict, kernels: str) -> Runner:
     info = {
         "prepare_s": prepare_s,
         "prepare_what": "ssmcc.compile(target='onnx')",
-        "nodes": {name: graph["onnx_nodes"] for name, graph in manifest["graphs"].items()},
+        "nodes": {name: graph["nodes"] for name, graph in manifest["graphs"].items()},
         "runs_other_length": True,
         "artifact_MB": sum(f["bytes"] for f in manifest["files"].values()) / 1e6,
-        "kernels": loaded._runner.session("step").ssmcc_kernels,
+        "kernels": loaded.executable.session("step").ssmcc_kernels,
     }
     return Runner(loaded, loaded.generate, info, loaded)
 

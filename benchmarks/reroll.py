@@ -4,7 +4,7 @@
     python -m benchmarks.reroll --small         # mamba-tiny, quick
 
 For Hugging Face Mamba exported with routing off (its own Python loop, unrolled at T tokens) and
-for the hand-written stacks of ``tests/models/handwritten_mamba.py`` (loop, torch ``scan`` op,
+for the hand-written stacks of ``benchmarks/handwritten_mamba.py`` (loop, torch ``scan`` op,
 mamba.py ``pscan``), one row each: graph nodes as exported and after the passes, the time of the
 passes, and forward latency of the exported program as it is (``program.module()``), of the
 rewritten program on ssmcc's torch target, and of the eager model, all measured in this run.
@@ -35,9 +35,9 @@ def _time_ms(fn, repeats: int) -> float:
 
 
 def _models(small: bool):
-    from ssmcc.capture.export import CausalLMLogits
+    from benchmarks.handwritten_mamba import build
+    from ssmcc.frontend.export import CausalLMLogits
     from ssmcc.presets import load_model
-    from tests.models.handwritten_mamba import build
 
     hf = load_model("mamba-tiny" if small else "mamba-130m")
     yield "hf-mamba (own loop)", CausalLMLogits(hf).eval(), hf.config.vocab_size

@@ -24,7 +24,7 @@ def main() -> None:
     compiled = ssmcc.load(out)
     print(f"saved {out}: {sorted(compiled.manifest['files'])}")
     for spec in compiled.state_specs:
-        print(f"  state {spec['name']}: {spec['shape']} {spec['dtype']}")
+        print(f"  state {spec.name}: (batch, {', '.join(map(str, spec.shape))}) {spec.dtype}")
 
     prompt = torch.tensor([[11, 22, 33, 44]])
     print("greedy:", end=" ", flush=True)

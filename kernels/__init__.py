@@ -1,5 +1,3 @@
-"""Kernels for the ssmcc ops, by backend (``kernels/cpu``, ``kernels/triton``).
-
-Kernels register themselves against the ops in ``ssmcc.ops``; the op library never imports them.
-This version ships no compiled kernel yet: every backend runs the op library's reference.
-"""
+"""Kernels for the ssmcc ops, by backend (``kernels/cpu``: C++, bound to the torch target and to
+ONNX Runtime). Kernels register themselves against the ops in ``ssmcc.ops`` (``cpu/registration``);
+the op library never imports them."""

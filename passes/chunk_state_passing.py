@@ -8,7 +8,7 @@ Prefill of ``l`` tokens is a fold over chunks of ``chunk_size`` tokens::
 which computes exactly what one prefill of all ``l`` tokens computes, because every SSM layer's
 conv and scan take the previous chunk's final state as their initial state (the stateful prefill
 program of ``expose_recurrent_state``). Peak activation memory is then that of one chunk, not of
-the whole prompt; the loop itself is ``ssmcc.chunked.run_chunks``, shared by every target.
+the whole prompt; the loop itself is ``ssmcc.runtime.chunked.run_chunks``, shared by every target.
 
 This pass takes the stateful prefill program ``(input_ids (b, l), *states) -> (logits (b, l, v),
 *states)`` and returns the chunk program ``(input_ids (b, c), *states) -> (last_logits (b, v),
@@ -37,10 +37,10 @@ from torch import nn
 from torch.export import Dim, ExportedProgram
 
 from ssmcc.errors import InputError
+from ssmcc.options import DEFAULT_CHUNK_SIZE, check_chunk_size
 from ssmcc.passes.pass_base import PassContext, PassResult
 
 PASS_NAME = "chunk_state_passing"
-DEFAULT_CHUNK_SIZE = 128
 
 _HEADS = {torch.ops.aten.linear.default, torch.ops.aten.matmul.default}
 # Ops that act on each position on its own: the head may be moved before them.
@@ -54,14 +54,6 @@ _POSITIONWISE = {
     torch.ops.aten.clone.default,
     torch.ops.aten.contiguous.default,
 }
-
-
-def check_chunk_size(chunk_size) -> int:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise InputError(
-            f"chunk_size must be a positive integer (tokens per chunk), got {chunk_size!r}"
-        )
-    return chunk_size
 
 
 def chunk_size_option(ctx: PassContext) -> int:

@@ -9,7 +9,7 @@ final state, where it is used); the loop becomes dead code for ``eliminate_dead_
 Rules (hits counted by name; a candidate that is rejected is reported in ``ctx.diagnostics`` with
 its location, the rule that came closest, and the check that failed):
 
-- ``unrolled_loop``, ``scan_op``, ``parallel_scan``: the three forms (``recurrence_forms.py``).
+- ``unrolled_loop``, ``scan_op``, ``parallel_scan``: the three forms (``recurrence*.py``).
 - ``fold_softplus``, ``fold_delta_bias``: Δ = softplus(δ + bias) becomes the op's
   ``delta_softplus`` and ``delta_bias``, where the graph computes it so.
 - ``fold_skip``: ``y + D ⊙ u`` after the scan becomes the op's ``D``.
@@ -46,17 +46,13 @@ from ssmcc.passes.dim_labels import (
     unlabel_to,
     value,
 )
+from ssmcc.passes.locations import location
 from ssmcc.passes.pass_base import PassContext, PassResult
 from ssmcc.passes.program import rebuild_program
-from ssmcc.passes.recurrence_forms import (
-    NotACandidate,
-    Recurrence,
-    find_parallel_scan,
-    find_scan_op,
-    find_unrolled,
-    location,
-    parallel_scan_candidates,
-)
+from ssmcc.passes.recurrence import MAMBA1, NotACandidate, Recurrence
+from ssmcc.passes.recurrence_parallel import find_parallel_scan, parallel_scan_candidates
+from ssmcc.passes.recurrence_scan_op import find_scan_op
+from ssmcc.passes.recurrence_unrolled import find_unrolled
 from ssmcc.passes.scan_factoring import (
     TIME,
     Atom,
@@ -204,7 +200,7 @@ def _skip_and_gate(match: ScanMatch) -> None:
 def match_scan(recurrence: Recurrence) -> ScanMatch:
     """Read ``recurrence`` as a selective scan (``Mismatch`` says why it is not one)."""
     factors = read_discretisation(
-        recurrence.decay, recurrence.drive, recurrence.state_labels, recurrence.ctx
+        recurrence.decay, recurrence.drive, recurrence.state_labels, recurrence.ctx, MAMBA1
     )
     last = list(recurrence.last_state)
     if recurrence.states is not None:
@@ -359,7 +355,7 @@ def _candidates(graph_module: GraphModule) -> list[tuple[str, Node]]:
             found.append(("unrolled_loop", node))
         elif node.op == "call_function" and node.target is torch.ops.higher_order.scan:
             found.append(("scan_op", node))
-    found += [("parallel_scan", exp) for exp in parallel_scan_candidates(graph)]
+    found += [("parallel_scan", exp) for exp in parallel_scan_candidates(graph, MAMBA1)]
     return found
 
 
@@ -382,10 +378,10 @@ class _Finder:
 
     def __call__(self, rule: str, node: Node) -> Recurrence:
         if rule == "unrolled_loop":
-            return find_unrolled(node)
+            return find_unrolled(node, MAMBA1)
         if rule == "scan_op":
-            return find_scan_op(node, self.graph_module)
-        return find_parallel_scan(node, self.dag())
+            return find_scan_op(node, self.graph_module, MAMBA1)
+        return find_parallel_scan(node, self.dag(), MAMBA1)
 
 
 def detect_selective_scan(program: ExportedProgram, ctx: PassContext) -> PassResult:

@@ -1,6 +1,6 @@
 """Read a linear recurrence as a selective scan: which graph values are Δ, A, B, C, u.
 
-A recurrence found in a graph (``recurrence_forms.py``) is ``h_t = a_t * h_{t-1} + b_t`` over a
+A recurrence found in a graph (``recurrence*.py``) is ``h_t = a_t * h_{t-1} + b_t`` over a
 state ``h`` of three dims, read out as ``y_t = contract(h_t, C_t)``. It is a Mamba-1 selective
 scan when, dim for dim,
 
@@ -234,9 +234,14 @@ class ScanFactors:
 
 
 def read_discretisation(
-    decay: tuple[Node, Labels], drive: tuple[Node, Labels], state_labels: Labels, ctx: StepContext
+    decay: tuple[Node, Labels],
+    drive: tuple[Node, Labels],
+    state_labels: Labels,
+    ctx: StepContext,
+    layout,
 ) -> ScanFactors:
-    """Δ, A, B, u and the roles of the state dims from ``a_t`` (decay) and ``b_t`` (drive)."""
+    """Δ, A, B, u and the roles of the state dims from ``a_t`` (decay) and ``b_t`` (drive), for
+    a state of ``layout`` (``recurrence.ScanLayout``: the state's rank, A's rank)."""
     exponent = decay_exponent(*decay, ctx)
     names = ", ".join(a.describe() for a in exponent)
     require(
@@ -251,10 +256,13 @@ def read_discretisation(
     )
     A, delta = constant[0], varying[0]
     state_dims = [label for label in state_labels if label is not None and label != TIME]
-    require(len(state_dims) == 3, f"the state has dims {list(state_labels)}; expected 3")
     require(
-        len(A.named()) == 2 and A.named() <= set(state_dims) and not A.chain,
-        f"A = {A.describe()} does not span two dims of the state",
+        len(state_dims) == layout.state_rank,
+        f"the state has dims {list(state_labels)}; a {layout.name} state has {layout.state_rank}",
+    )
+    require(
+        len(A.named()) == layout.A_rank and A.named() <= set(state_dims) and not A.chain,
+        f"A = {A.describe()} does not span {layout.A_rank} dims of the state",
     )
     shared = delta.named() & A.named()
     require(

@@ -1,76 +1,69 @@
-"""Recurrent state as program inputs/outputs, and the one-token decode program.
+"""Recurrent state as program inputs/outputs, and the one-token decode program — read from the
+ops' state contracts (``ssmcc.ops.contracts``), never from op names.
 
-Two passes over a prefill program ``input_ids (b, l) -> logits (b, l, v)`` whose SSM layers are
-ssmcc ops:
+Two passes over a prefill program ``input_ids (b, l) -> logits (b, l, v)``:
 
-- ``expose_recurrent_state``: the prefill program takes every layer's state as an input and
-  returns the final states: ``(input_ids, *states) -> (logits, *new_states)``. Each
-  ``causal_conv1d`` gets ``initial_state = conv state`` and each ``selective_scan`` gets
-  ``initial_state = ssm state``; with zero states it computes exactly what it did before.
+- ``expose_recurrent_state``: every call of a stateful op takes its state from a new program
+  input and reports the state after the call as a new output: ``(input_ids, *states) ->
+  (logits, *new_states)``. With zero states it computes exactly what it did before (a contract's
+  ``state_arg`` of ``None`` means zeros).
 - ``scan_to_recurrent_step``: the decode program ``(input_ids (b, 1), *states) ->
-  (logits (b, v), *new_states)``, where every ``causal_conv1d(x)`` becomes
-  ``causal_conv1d_update(x[..., 0], conv_state)`` and every ``selective_scan(u, delta, .., B, C)``
-  becomes ``selective_state_update(ssm_state, u[..., 0], delta[..., 0], .., B[..., 0], C[..., 0])``,
-  their outputs unsqueezed back to length 1. No loop remains.
+  (logits (b, v), *new_states)``: every stateful op is replaced by its contract's ``step``
+  (``selective_scan`` -> ``selective_state_update``, ``causal_conv1d`` -> ``causal_conv1d_update``
+  for the ssmcc ops). No loop remains.
 
-States, in graph order of the ops: ``layers.<i>.conv_state`` (b, d, k-1) and
-``layers.<i>.ssm_state`` (b, d, n), float32, ``i`` taken from the owning module's ``layers.<i>``
-path when there is one (else the op's ordinal). Both passes re-trace the program through an FX
-interpreter that swaps the ops, then ``torch.export`` it with a dynamic batch (and, for prefill,
-sequence) dim, so whatever else the graph computes carries over unchanged.
+States, in graph order of the ops: ``layers.<i>.<kind>`` (``kind`` from the contract, ``i`` from
+the owning module's ``layers.<i>`` path, else the op's ordinal among ops of that kind); shape and
+dtype from the contract. Both passes re-trace the program through an FX interpreter that applies
+the contracts, then ``torch.export`` it with a dynamic batch (and, for prefill, sequence) dim, so
+whatever else the graph computes carries over unchanged. Whether that is valid (nothing else
+mixes positions) is checked before, by ``program_set.streaming_refusal``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections import Counter
 
 import torch
 from torch import nn
 from torch.export import Dim, ExportedProgram
 
-from ssmcc.ops import SSMCC_OPS
+from ssmcc.ops.contracts import StateSpec, bind_arguments, state_contract
+from ssmcc.passes.locations import layer_of
 from ssmcc.passes.pass_base import PassContext, PassResult
 
-SCAN, CONV = SSMCC_OPS["selective_scan"], SSMCC_OPS["causal_conv1d"]
+
+def stateful_nodes(program: ExportedProgram) -> list:
+    """The calls of ops with a state contract, in graph order."""
+    return [
+        node
+        for node in program.graph.nodes
+        if node.op == "call_function" and state_contract(node.target) is not None
+    ]
 
 
-@dataclasses.dataclass(frozen=True)
-class StateSpec:
-    """One recurrent state tensor: ``shape`` excludes the batch dim."""
-
-    name: str
-    kind: str  # "conv_state" | "ssm_state"
-    shape: tuple[int, ...]
-    dtype: str = "float32"
+def _meta(value):
+    return value.meta.get("val") if isinstance(value, torch.fx.Node) else value
 
 
-def _layer_of(node, ordinal: int) -> str:
-    stack = node.meta.get("nn_module_stack") or {}
-    for path, _ in reversed(list(stack.values())):
-        match = re.search(r"layers\.(\d+)", path)
-        if match:
-            return f"layers.{match.group(1)}"
-    return f"layers.{ordinal}"
+def op_name(target) -> str:
+    return target.name().split("::")[-1]
 
 
 def state_specs(program: ExportedProgram) -> list[StateSpec]:
-    """The states of ``program``'s ssmcc ops, in graph order."""
+    """The states of ``program``'s stateful ops, in graph order."""
     specs, ordinals = [], Counter()
-    for node in program.graph.nodes:
-        if node.op != "call_function" or node.target not in (SCAN, CONV):
-            continue
-        kind = "conv_state" if node.target == CONV else "ssm_state"
-        layer = _layer_of(node, ordinals[kind])
-        ordinals[kind] += 1
-        if node.target == CONV:
-            dim, width = node.args[1].meta["val"].shape
-            shape = (int(dim), int(width) - 1)
-        else:
-            dim, n = node.args[2].meta["val"].shape
-            shape = (int(dim), int(n))
-        specs.append(StateSpec(f"{layer}.{kind}", kind, shape))
+    for node in stateful_nodes(program):
+        contract = state_contract(node.target)
+        args = {k: _meta(v) for k, v in bind_arguments(node.target, node.args, node.kwargs).items()}
+        layer = layer_of(node) or f"layers.{ordinals[contract.kind]}"
+        ordinals[contract.kind] += 1
+        shape = tuple(int(size) for size in contract.shape(args))
+        dtype = str(contract.dtype(args)).removeprefix("torch.")
+        specs.append(
+            StateSpec(f"{layer}.{contract.kind}", contract.kind, shape, dtype, contract.grows)
+        )
     names = [s.name for s in specs]
     if len(set(names)) != len(names):  # e.g. two scans in one layer: fall back to ordinals
         specs = [dataclasses.replace(s, name=f"ssm_op.{i}.{s.kind}") for i, s in enumerate(specs)]
@@ -78,7 +71,7 @@ def state_specs(program: ExportedProgram) -> list[StateSpec]:
 
 
 class _StatefulInterpreter(torch.fx.Interpreter):
-    """Runs the prefill graph with ssmcc ops fed by, and reporting, explicit states."""
+    """Runs the prefill graph with stateful ops fed by, and reporting, explicit states."""
 
     def __init__(self, module, states: list[torch.Tensor], step: bool):
         super().__init__(module)
@@ -87,42 +80,17 @@ class _StatefulInterpreter(torch.fx.Interpreter):
         self.step = step
 
     def call_function(self, target, args, kwargs):
-        if target not in (SCAN, CONV):
+        contract = state_contract(target)
+        if contract is None:
             return super().call_function(target, args, kwargs)
         state = self.states_in[len(self.states_out)]
-        if target == CONV:
-            x, weight, bias, _, activation = _conv_args(*args, **kwargs)
-            if self.step:
-                out, new = torch.ops.ssmcc.causal_conv1d_update(
-                    x[:, :, 0], state, weight, bias, activation
-                )
-                out = out.unsqueeze(-1)
-            else:
-                out, new = torch.ops.ssmcc.causal_conv1d(x, weight, bias, state, activation)
+        bound = bind_arguments(target, args, kwargs)
+        if self.step:
+            outputs = contract.step(state, **bound)
         else:
-            u, delta, A, B, C, D, z, delta_bias, softplus, _ = _scan_args(*args, **kwargs)
-            if self.step:
-                at0 = lambda t: None if t is None else t[..., 0]  # noqa: E731
-                out, new = torch.ops.ssmcc.selective_state_update(
-                    state, at0(u), at0(delta), A, at0(B), at0(C), D, at0(z), delta_bias, softplus
-                )
-                out = out.unsqueeze(-1)
-            else:
-                out, new = torch.ops.ssmcc.selective_scan(
-                    u, delta, A, B, C, D, z, delta_bias, softplus, state
-                )
-        self.states_out.append(new)
-        return out, new
-
-
-def _conv_args(x, weight, bias=None, initial_state=None, activation=None):
-    return x, weight, bias, initial_state, activation
-
-
-def _scan_args(
-    u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial_state=None
-):
-    return u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state
+            outputs = target(**{**bound, contract.state_arg: state})
+        self.states_out.append(outputs[contract.state_output])
+        return outputs
 
 
 class _Stateful(nn.Module):
@@ -144,11 +112,17 @@ def _export(program: ExportedProgram, step: bool, specs: list[StateSpec]) -> Exp
     batch = Dim("batch", min=1)
     length = 1 if step else 8
     ids = torch.zeros(2, length, dtype=torch.long)
-    states = [torch.zeros(2, *spec.shape) for spec in specs]
+    states = [torch.zeros(2, *spec.shape, dtype=spec.torch_dtype) for spec in specs]
     ids_shape = {0: batch} if step else {0: batch, 1: Dim("seq", min=1)}
-    shapes = (ids_shape, tuple({0: batch} for _ in specs))  # forward(input_ids, *states)
+    state_shapes = tuple(
+        {0: batch, **{1 + axis: Dim(f"state{i}_axis{axis}", min=0) for axis in spec.grows}}
+        for i, spec in enumerate(specs)
+    )
     return torch.export.export(
-        _Stateful(program, step), (ids, *states), dynamic_shapes=shapes, strict=False
+        _Stateful(program, step),
+        (ids, *states),
+        dynamic_shapes=(ids_shape, state_shapes),
+        strict=False,
     )
 
 
@@ -162,15 +136,10 @@ def expose_recurrent_state(program: ExportedProgram, ctx: PassContext) -> PassRe
 
 def scan_to_recurrent_step(program: ExportedProgram, ctx: PassContext) -> PassResult:
     """The decode program of a prefill program (see the module docstring)."""
-    specs = state_specs(program)
-    hits = Counter()
-    for spec in specs:
-        rule = (
-            "causal_conv1d->causal_conv1d_update"
-            if spec.kind == "conv_state"
-            else "selective_scan->selective_state_update"
-        )
-        hits[rule] += 1
-    if not specs:
+    hits = Counter(
+        f"{op_name(node.target)}->{state_contract(node.target).step_op}"
+        for node in stateful_nodes(program)
+    )
+    if not hits:
         return PassResult(program, False, hits)
-    return PassResult(_export(program, step=True, specs=specs), True, hits)
+    return PassResult(_export(program, step=True, specs=state_specs(program)), True, hits)

@@ -1,8 +1,10 @@
 """The IR verifier: what every program must satisfy between passes.
 
 1. ``graph.lint()`` passes (topological order, well-formed nodes).
-2. Every ``call_function`` target is an ATen / prims / ssmcc ``OpOverload``, a higher-order op, or
-   ``operator.getitem``.
+2. Every ``call_function`` target is an ATen / prims / ssmcc ``OpOverload``, a higher-order op,
+   ``operator.getitem``, or arithmetic on symbolic sizes (``operator.mul/add/floordiv/...`` and
+   ``torch.sym_*``, as ``torch.export`` emits with dynamic dims) whose operands and result are
+   all scalars (SymInt/SymFloat/SymBool or Python numbers), never tensors.
 3. Every node with users carries ``meta["val"]`` (shapes and dtypes for printing and lowering).
 4. The graph signature matches the graph: one input spec per placeholder, in order, and output
    specs naming the output node's arguments.
@@ -12,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -23,12 +26,37 @@ from ssmcc.errors import PassError
 from ssmcc.ops import is_ssmcc_op
 
 ALLOWED_NAMESPACES = {"aten", "prims", "ssmcc"}
+SYMBOLIC_ARITHMETIC = {
+    operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
+    operator.mod, operator.pow, operator.neg, operator.pos, operator.abs, operator.eq,
+    operator.ne, operator.lt, operator.le, operator.gt, operator.ge, operator.and_,
+    operator.or_, operator.not_, math.ceil, math.floor, math.trunc, torch.sym_float,
+    torch.sym_int, torch.sym_max, torch.sym_min, torch.sym_not, torch.sym_ite, torch.sym_sqrt,
+}  # fmt: skip
+_SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
 
 
 def _allowed_target(target) -> bool:
     if target is operator.getitem or isinstance(target, torch._ops.HigherOrderOperator):
         return True
+    if target in SYMBOLIC_ARITHMETIC:
+        return True
     return isinstance(target, torch._ops.OpOverload) and target.namespace in ALLOWED_NAMESPACES
+
+
+def _check_symbolic_arithmetic(node: Node) -> str | None:
+    """Arithmetic on sizes must stay scalar: operands and result SymInt/SymFloat/SymBool or
+    Python numbers."""
+    for arg in [*node.args, *node.kwargs.values()]:
+        value = arg.meta.get("val") if isinstance(arg, Node) else arg
+        if not isinstance(value, _SCALARS):
+            return (
+                f"{node.name}: {getattr(node.target, '__name__', node.target)} takes "
+                f"{_describe(value)}; symbolic-size arithmetic takes scalars only"
+            )
+    if not isinstance(node.meta.get("val"), _SCALARS):
+        return f"{node.name}: symbolic-size arithmetic gives {_describe(node.meta.get('val'))}"
+    return None
 
 
 def _meta_of(arg):
@@ -82,7 +110,15 @@ def verification_errors(program: ExportedProgram) -> list[str]:
         if node.op != "call_function":
             continue
         if not _allowed_target(node.target):
-            errors.append(f"{node.name}: target {node.target} is not ATen, prims, ssmcc or getitem")
+            errors.append(
+                f"{node.name}: target {node.target} is not ATen, prims, ssmcc, getitem or "
+                "symbolic-size arithmetic"
+            )
+            continue
+        if node.target in SYMBOLIC_ARITHMETIC:
+            error = _check_symbolic_arithmetic(node)
+            if error:
+                errors.append(error)
             continue
         if node.users and "val" not in node.meta:
             errors.append(f"{node.name}: no meta['val'] (shape/dtype unknown)")

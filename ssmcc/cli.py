@@ -2,7 +2,7 @@
 
     ssmcc inspect MODEL|FILE.pt2 capture MODEL (or read a saved torch.export program), run the
                                  passes, print the report
-    ssmcc compile MODEL --target onnx --out DIR
+    ssmcc compile MODEL --target torch|onnx --out DIR
                                  write a deployable artifact (model files + manifest.json)
     ssmcc run DIR|MODEL --prompt-ids 1,2,3 --max-new-tokens N
                                  generate, printing tokens as they come
@@ -28,12 +28,22 @@ def _progress(message: str) -> None:
     print(f"[ssmcc] {message}", file=sys.stderr, flush=True)
 
 
+def _check_options(target: str, options: dict) -> None:
+    """Refuse bad option values before any model is loaded (``compile`` checks them again)."""
+    from ssmcc.api import compile_options
+
+    compile_options(target, "compile", options)
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     import ssmcc
-    from ssmcc.compile_api import default_example_ids
+    from ssmcc.api import default_example_ids
+    from ssmcc.options import DEFAULT_TARGET
     from ssmcc.passes import format_program
     from ssmcc.presets import load_model
 
+    options = {"pipeline": args.pipeline, "verify": args.verify, "route": args.route}
+    _check_options(DEFAULT_TARGET, options)
     started = time.perf_counter()
     _progress(f"loading {args.model}")
     if args.model.endswith(".pt2"):
@@ -47,14 +57,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
             f"capturing {type(model).__name__} with torch.export (example length "
             f"{args.seq_len}, {how})"
         )
-    compiled = ssmcc.compile(
-        model,
-        target="torch",
-        example_inputs=example_inputs,
-        pipeline_name=args.pipeline,
-        verify=args.verify,
-        route=args.route,
-    )
+    compiled = ssmcc.compile(model, DEFAULT_TARGET, example_inputs, **options)
     _progress(f"done in {time.perf_counter() - started:.1f}s")
     if args.json:
         print(compiled.report.to_json())
@@ -86,7 +89,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     import os
 
     import ssmcc
-    from ssmcc.compile_api import default_example_ids
+    from ssmcc.api import default_example_ids
     from ssmcc.presets import load_model
 
     if os.path.exists(args.out) and not args.overwrite:
@@ -95,6 +98,13 @@ def _cmd_compile(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    options = {
+        "kernels": args.kernels,
+        "route": args.route,
+        "chunk_size": args.chunk_size,
+        **_target_options(args, "compile"),
+    }
+    _check_options(args.target, options)
     started = time.perf_counter()
     _progress(f"loading {args.model}")
     if args.model.endswith(".pt2"):
@@ -105,24 +115,19 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         example_inputs = (default_example_ids(model.config.vocab_size, args.seq_len),)
         name = type(model).__name__
     _progress(f"compiling {name} for target {args.target}")
-    compiled = ssmcc.compile(
-        model,
-        target=args.target,
-        example_inputs=example_inputs,
-        kernels=args.kernels,
-        route=args.route,
-    )
+    compiled = ssmcc.compile(model, args.target, example_inputs, **options)
     for finding in compiled.report.findings:
         _progress(f"not rewritten: {finding}")
+    if compiled.report.streaming != "yes":
+        _progress(f"streaming {compiled.report.streaming}")
     _progress(f"writing {args.out}")
-    compiled.save(args.out, overwrite=args.overwrite)
-    manifest = ssmcc.load(args.out, kernels="reference").manifest
+    manifest = compiled.save(args.out, overwrite=args.overwrite)
     total = sum(f["bytes"] for f in manifest["files"].values()) / 1e6
     print(f"wrote {args.out}: {', '.join(manifest['files'])} ({total:.1f} MB)")
     for name, graph in manifest["graphs"].items():
         first = graph["inputs"][0]
         print(
-            f"  {name}: {graph['onnx_nodes']} ONNX nodes, ssmcc nodes {graph['ssmcc_nodes']}, "
+            f"  {name}: {graph['nodes']} nodes, ssmcc nodes {graph['ssmcc_nodes']}, "
             f"inputs {first['name']}{first['dims']}"
             + (f" + {len(graph['inputs']) - 1} state tensors" if manifest["states"] else "")
         )
@@ -150,18 +155,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import ssmcc
 
     started = time.perf_counter()
+    options = {"kernels": args.kernels}
+    if args.chunk_size is not None:
+        options["chunk_size"] = args.chunk_size
     if os.path.isdir(args.model) and os.path.isfile(os.path.join(args.model, "manifest.json")):
         _progress(f"loading artifact {args.model}")
-        compiled = ssmcc.load(args.model, kernels=args.kernels, chunk_size=args.chunk_size)
+        compiled = ssmcc.load(args.model, **options, **_target_options(args, "load"))
     else:
+        from ssmcc.options import DEFAULT_TARGET
         from ssmcc.presets import load_model
 
-        _progress(f"loading {args.model} and compiling it for the torch target")
+        _progress(f"loading {args.model} and compiling it for the {DEFAULT_TARGET} target")
         compiled = ssmcc.compile(
-            load_model(args.model),
-            target="torch",
-            kernels=args.kernels,
-            chunk_size=args.chunk_size,
+            load_model(args.model), DEFAULT_TARGET, **options, **_target_options(args, "compile")
         )
     prompt = torch.tensor([args.prompt_ids])
     _progress(
@@ -202,7 +208,7 @@ def _cmd_presets(args: argparse.Namespace) -> int:
 
 
 def _cmd_coverage(args: argparse.Namespace) -> int:
-    from ssmcc.lowering import coverage
+    from ssmcc.lowering.registry import coverage
 
     rows = coverage()
     if args.json:
@@ -213,7 +219,42 @@ def _cmd_coverage(args: argparse.Namespace) -> int:
     return 0
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _add_option(parser, spec, default=argparse.SUPPRESS, help_suffix: str = "") -> None:
+    """A flag for an ``OptionSpec``: its type, choices, default and help, from the spec."""
+    kwargs = {"help": spec.help + help_suffix, "default": default}
+    if spec.kind is int:
+        kwargs.update(type=int, metavar=spec.metavar or "N")
+    elif spec.choices is not None:
+        kwargs.update(choices=list(spec.choices))
+    parser.add_argument(_flag(spec.name), **kwargs)
+
+
+def _add_target_options(parser, stage: str) -> None:
+    """Every target's own options, each marked with its target (validated when used)."""
+    from ssmcc.lowering.registry import targets
+
+    for target in targets():
+        for spec in target.options:
+            if stage in spec.stages:
+                _add_option(parser, spec, None, f" (target {target.name})")
+
+
+def _target_options(args: argparse.Namespace, stage: str) -> dict:
+    from ssmcc.lowering.registry import targets
+
+    names = {spec.name for t in targets() for spec in t.options if stage in spec.stages}
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from ssmcc.lowering.registry import target_names
+    from ssmcc.options import COMMON_OPTIONS as OPTIONS
+    from ssmcc.options import COMPILE, DEFAULT_TARGET, LOAD
+
     parser = argparse.ArgumentParser(
         prog="ssmcc",
         description="ssmcc compiles state-space language models (Mamba family): torch.export "
@@ -253,9 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="example sequence length used for tracing (default 16); the "
         "captured program runs at any length",
     )
-    inspect.add_argument(
-        "--pipeline", default="default", help="pass pipeline: default, or none for the raw capture"
-    )
+    _add_option(inspect, OPTIONS["pipeline"], OPTIONS["pipeline"].default, " (default default)")
     inspect.add_argument("--graph", action="store_true", help="also print the program")
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.add_argument(
@@ -285,21 +324,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     comp.add_argument(
         "--target",
-        default="onnx",
-        choices=["onnx"],
-        help="backend (default onnx; the torch target has no saved form yet)",
+        default=DEFAULT_TARGET,
+        choices=target_names(),
+        help=f"where the artifact runs (default {DEFAULT_TARGET}); 'ssmcc coverage' lists what "
+        "each target runs natively",
     )
     comp.add_argument("--out", required=True, metavar="DIR", help="artifact directory to write")
     comp.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
     comp.add_argument(
         "--seq-len", type=int, default=16, help="example length used for tracing (default 16)"
     )
-    comp.add_argument(
-        "--kernels",
-        default="auto",
-        choices=["auto", "reference"],
-        help="kernels used to check the compiled model (default auto)",
+    _add_option(comp, OPTIONS["kernels"], OPTIONS["kernels"].default, " (default auto)")
+    _add_option(
+        comp,
+        OPTIONS["chunk_size"],
+        OPTIONS["chunk_size"].default,
+        f" (default {OPTIONS['chunk_size'].default}; recorded in the artifact)",
     )
+    _add_target_options(comp, COMPILE)
     comp.set_defaults(run=_cmd_compile)
 
     run = commands.add_parser(
@@ -328,19 +370,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with mass p")
     run.add_argument("--seed", type=int, help="random seed for sampling")
     run.add_argument("--eos-id", type=int, help="stop when every row produced this token")
-    run.add_argument(
-        "--chunk-size",
-        type=int,
-        default=128,  # chunk_state_passing.DEFAULT_CHUNK_SIZE (not imported: --help stays fast)
-        help="prompt tokens per prefill chunk; activation memory is that of one chunk "
-        "(default 128)",
+    _add_option(
+        run,
+        OPTIONS["chunk_size"],
+        None,
+        f" (default: the artifact's; {OPTIONS['chunk_size'].default} when compiling MODEL)",
     )
-    run.add_argument(
-        "--kernels",
-        default="auto",
-        choices=["auto", "reference"],
-        help="ssmcc C++ kernels (auto) or the reference / portable path",
-    )
+    _add_option(run, OPTIONS["kernels"], OPTIONS["kernels"].default, " (default auto)")
+    _add_target_options(run, LOAD)
     run.set_defaults(run=_cmd_run)
 
     presets = commands.add_parser(

@@ -9,6 +9,10 @@ class InputError(SSMCCError, ValueError):
     """The caller passed inputs ssmcc cannot use (wrong dtype, rank, size or value range)."""
 
 
+class OptionError(InputError):
+    """An option of ``compile``/``load`` (or its command-line flag) has a value it cannot take."""
+
+
 class CaptureError(SSMCCError):
     """torch.export could not capture the model; the message says which model and why."""
 
@@ -19,3 +23,12 @@ class LoweringError(SSMCCError):
 
 class PassError(SSMCCError):
     """A pass failed or left the program invalid; the message names the pass and those before it."""
+
+
+class StreamingError(SSMCCError):
+    """prefill/step/generate were asked of a program that cannot stream; the message says why
+    (which node, which module) and what to do."""
+
+
+class ArtifactError(SSMCCError):
+    """An artifact directory is missing, incomplete, corrupt or would be overwritten."""

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import ssmcc
-from ssmcc.artifact import ArtifactError, write_artifact
 from ssmcc.cli import main
-from ssmcc.errors import InputError
+from ssmcc.errors import ArtifactError, InputError
+from ssmcc.runtime.artifact import write_artifact
 
 from .conftest import make_hf_model
 

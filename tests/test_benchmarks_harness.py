@@ -53,9 +53,8 @@ def test_harness_survives_failing_and_hanging_contenders(tmp_path):
 
 def test_reroll_benchmark_measures_one_model():
     """The re-roll benchmark's row for a tiny hand-written stack: counts from the real passes."""
+    from benchmarks.handwritten_mamba import build
     from benchmarks.reroll import format_rows, measure
-
-    from .models.handwritten_mamba import build
 
     row = measure("loop", build("loop", layers=1, d_model=8, d_state=4), 64, 8, repeats=1)
     assert row["scans"] == 1 and row["nodes_exported"] > row["nodes_after"]

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import ssmcc
-from ssmcc.capture.routes import known_routes
 from ssmcc.errors import CaptureError
+from ssmcc.frontend.routes import known_routes
 
 from .conftest import make_hf_model
 

@@ -48,7 +48,12 @@ def test_inspect_a_saved_model_directory(tmp_path, capsys):
     [
         (["inspect", "no-such-model"], "neither a local model directory nor a preset"),
         (["inspect", "mamba-tiny", "--seq-len", "0"], "--seq-len must be >= 1"),
-        (["inspect", "mamba-tiny", "--pipeline", "fast"], "unknown pipeline 'fast'"),
+        (
+            ["inspect", "mamba-tiny", "--pipeline", "fast"],
+            "pipeline must be one of 'default', 'none', got 'fast'",
+        ),
+        (["compile", "mamba-tiny", "--out", "x", "--chunk-size", "0"], "chunk_size must be a"),
+        (["compile", "mamba-tiny", "--out", "x", "--threads", "2"], "belongs to target onnx"),
     ],
 )
 def test_bad_arguments_give_one_line_errors(argv, message, capsys):
@@ -92,12 +97,21 @@ def test_run_streams_greedy_tokens_from_an_artifact(tmp_path, capsys):
     assert [int(t) for t in capsys.readouterr().out.split()] == tokens
 
 
-def test_run_chunk_size_default_is_the_pass_default(capsys):
+def test_cli_defaults_come_from_the_options():
+    """Flags take their defaults and choices from ssmcc.options and the target registry."""
     from ssmcc.cli import build_parser
-    from ssmcc.passes.chunk_state_passing import DEFAULT_CHUNK_SIZE
+    from ssmcc.lowering.registry import target_names
+    from ssmcc.options import COMMON_OPTIONS, DEFAULT_TARGET
 
-    args = build_parser().parse_args(["run", "mamba-tiny", "--prompt-ids", "1"])
-    assert args.chunk_size == DEFAULT_CHUNK_SIZE
+    parser = build_parser()
+    args = parser.parse_args(["compile", "mamba-tiny", "--out", "x"])
+    assert args.target == DEFAULT_TARGET and args.kernels == COMMON_OPTIONS["kernels"].default
+    assert args.chunk_size == COMMON_OPTIONS["chunk_size"].default
+    run = parser.parse_args(["run", "mamba-tiny", "--prompt-ids", "1"])
+    assert run.chunk_size is None  # the artifact's own, or the option's default when compiling
+    compile_parser = parser._subparsers._group_actions[0].choices["compile"]
+    target_action = next(a for a in compile_parser._actions if a.dest == "target")
+    assert list(target_action.choices) == target_names()
 
 
 @pytest.mark.parametrize(
@@ -127,7 +141,7 @@ def test_run_rejects_bad_input(argv, message, capsys):
 def test_inspect_a_saved_exported_program_lists_what_was_not_rewritten(tmp_path, capsys):
     import torch
 
-    from .models.handwritten_mamba import build
+    from benchmarks.handwritten_mamba import build
 
     ids = torch.randint(0, 64, (2, 8))
     for form in ("loop", "mixing"):

@@ -121,3 +121,34 @@ def test_kernel_rejects_bad_shapes_with_the_ops_message():
     case["D"] = torch.ones(4)
     with pytest.raises(RuntimeError, match="ssmcc.selective_scan: D has length 4, expected dim=5"):
         torch_binding.selective_scan_cpu(**case)
+
+
+@pytest.mark.parametrize("op", ["selective_scan", "causal_conv1d"])
+def test_eager_op_calls_run_the_cpp_kernel(op):
+    """torch.ops.ssmcc.* called eagerly on CPU tensors reaches the C++ kernel (registered with
+    torch.library), with the op's own results."""
+    from ssmcc.kernels.cpu.registration import CALLS
+
+    if op == "selective_scan":
+        case = scan_case(2, 6, 4, 19, 3, True, True, True, True, seed=5)
+        args, reference = case, selective_scan_ref
+    else:
+        args = {"x": torch.randn(2, 6, 19), "weight": torch.randn(6, 4), "activation": "silu"}
+        reference = causal_conv1d_ref
+    before = dict(CALLS)
+    got = getattr(torch.ops.ssmcc, op)(**args)
+    assert CALLS[op, "cpp"] == before.get((op, "cpp"), 0) + 1
+    assert CALLS[op, "reference"] == before.get((op, "reference"), 0)
+    for g, e in zip(got, reference(**args), strict=True):
+        torch.testing.assert_close(g, e, **SCAN_TOL)
+
+
+def test_eager_op_calls_fall_back_to_the_reference_without_kernels(monkeypatch):
+    from ssmcc.kernels.cpu.registration import CALLS
+
+    monkeypatch.setattr(torch_binding, "available", lambda: False)
+    case = scan_case(1, 5, 3, 7, None, False, False, False, False, seed=1)
+    before = CALLS["selective_scan", "reference"]
+    out, _ = torch.ops.ssmcc.selective_scan(**case)
+    assert CALLS["selective_scan", "reference"] == before + 1
+    torch.testing.assert_close(out, selective_scan_ref(**case)[0], rtol=0, atol=0)

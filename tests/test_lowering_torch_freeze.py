@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 import ssmcc
-from ssmcc.lowering.torch import freeze, lower_to_torch
+from ssmcc.lowering.torch import freeze
+from ssmcc.lowering.torch.lower import lower_to_torch
 
 from .conftest import make_hf_model
 
@@ -20,7 +21,7 @@ def test_step_program_reads_folded_decay_not_exp_of_a_log():
     compiled = ssmcc.compile(model, target="torch")
     ids = torch.randint(0, model.config.vocab_size, (2, 5))
     logits, state = compiled.prefill(ids)
-    step = compiled._runner._stateful[0]["step"]
+    step = compiled.executable.module("step")
     assert "aten.exp.default" not in _targets(step)  # -exp(A_log) is a constant now
     assert "aten.neg.default" not in _targets(step)
     assert all("." not in n.target for n in step.graph.nodes if n.op == "get_attr")

@@ -34,7 +34,7 @@ def test_onnx_matches_eager(model_and_artifact, kernels, batch, length):
     loaded = ssmcc.load(folder, kernels=kernels, verify=False)
     expected_kernels = "ssmcc ORT library" if kernels == "auto" else "portable function bodies"
     for graph in ("prefill", "chunk", "step"):
-        assert loaded._runner.session(graph).ssmcc_kernels == expected_kernels
+        assert loaded.executable.session(graph).ssmcc_kernels == expected_kernels
     ids = torch.randint(
         0, model.config.vocab_size, (batch, length), generator=torch.Generator().manual_seed(length)
     )
@@ -72,7 +72,7 @@ def test_one_custom_node_per_op_per_layer_and_full_check(model_and_artifact):
 
 
 @pytest.mark.parametrize("family", ["mamba", "falcon_mamba"])
-def test_artifact_size_is_the_weights(family):
+def test_artifact_size_is_the_weights(family, tmp_path):
     """Both graphs share one weights.bin: the files add up to the weights (within 5%)."""
     model = make_hf_model(
         family,
@@ -84,7 +84,8 @@ def test_artifact_size_is_the_weights(family):
     )
     compiled = ssmcc.compile(model, target="onnx")
     weights = sum({id(p): p.numel() * p.element_size() for p in model.parameters()}.values())
-    total = sum(entry["bytes"] for entry in compiled.manifest["files"].values())
+    manifest = compiled.save(str(tmp_path / "artifact"))
+    total = sum(entry["bytes"] for entry in manifest["files"].values())
     assert abs(total - weights) <= 0.05 * weights, (total, weights)
 
 
@@ -118,7 +119,7 @@ def test_portable_body_is_what_runs_without_library(tmp_path):
 
     model = make_hf_model("mamba", num_hidden_layers=1)
     compiled = ssmcc.compile(model, target="onnx")
-    folder = shutil.copytree(compiled.artifact_dir, tmp_path / "copy")
+    folder = shutil.copytree(compiled.executable.folder, tmp_path / "copy")
     proto = onnx.load(str(folder / "prefill.onnx"), load_external_data=False)
     index = next(i for i, f in enumerate(proto.functions) if f.name == "SelectiveScan")
     wrong = helper.make_function(
@@ -142,7 +143,7 @@ def test_portable_body_is_what_runs_without_library(tmp_path):
         expected = model(ids).logits
     feed = {"input_ids": ids.numpy()}
     for spec in compiled.state_specs:
-        feed[spec["name"]] = np.zeros((2, *spec["shape"][1:]), dtype=np.float32)
+        feed[spec.name] = np.zeros((2, *spec.shape), dtype=np.float32)
 
     def run(kernels):
         return torch.from_numpy(make_session(path, kernels).run(["logits"], feed)[0])

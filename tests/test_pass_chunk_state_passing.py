@@ -7,8 +7,9 @@ import torch
 from torch import nn
 
 from ssmcc.errors import InputError, PassError
+from ssmcc.options import check_chunk_size
 from ssmcc.passes import PassContext, format_program, pipeline, run_passes
-from ssmcc.passes.chunk_state_passing import check_chunk_size, chunk_state_passing
+from ssmcc.passes.chunk_state_passing import chunk_state_passing
 from ssmcc.passes.scan_to_recurrent_step import expose_recurrent_state, state_specs
 
 from .test_pass_canonicalize import tiny_mamba_program

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from ssmcc.capture.report import ssmcc_op_counts
+from ssmcc.frontend.report import ssmcc_op_counts
 from ssmcc.passes import PassContext, format_program, run_passes
 from ssmcc.passes.canonicalize import canonicalize
 from ssmcc.passes.detect_causal_conv1d import detect_causal_conv1d

@@ -7,14 +7,14 @@ import pytest
 import torch
 from torch import nn
 
-from ssmcc.capture.export import CausalLMLogits, capture
-from ssmcc.capture.report import ssmcc_op_counts
+from benchmarks import handwritten_mamba
+from benchmarks.handwritten_mamba import build
+from ssmcc.frontend.export import CausalLMLogits, capture
+from ssmcc.frontend.report import ssmcc_op_counts
 from ssmcc.passes import PassContext, format_program, pipeline, run_passes
 from ssmcc.passes.detect_selective_scan import detect_selective_scan
 
 from .conftest import make_hf_model
-from .models import handwritten_mamba
-from .models.handwritten_mamba import build
 
 PASS = "detect_selective_scan"
 RULE_OF_FORM = {
@@ -106,7 +106,7 @@ def test_capture_without_routing_keeps_batch_dynamic():
 
 def test_scan_op_program_keeps_a_dynamic_length():
     """torch's scan op exports with a symbolic length; the rewritten program runs at any."""
-    from ssmcc.capture.export import capture_with_report
+    from ssmcc.frontend.export import capture_with_report
 
     model = build("scan_op", layers=1)
     program, report = capture_with_report(model, (torch.randint(0, 64, (2, 16)),))

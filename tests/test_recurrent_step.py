@@ -78,10 +78,11 @@ def test_prefill_matches_hf_forward(model_and_compiled):
 def test_state_specs_name_layers_and_shapes(model_and_compiled):
     model, compiled = model_and_compiled
     d, n, k = 2 * model.config.hidden_size, model.config.state_size, model.config.conv_kernel
-    specs = {s["name"]: s for s in compiled.state_specs}
-    assert specs["layers.2.conv_state"]["shape"] == ["batch", d, k - 1]
-    assert specs["layers.2.ssm_state"]["shape"] == ["batch", d, n]
-    assert {s["dtype"] for s in specs.values()} == {"float32"}
+    specs = {s.name: s for s in compiled.state_specs}
+    assert specs["layers.2.conv_state"].shape == (d, k - 1)
+    assert specs["layers.2.ssm_state"].shape == (d, n)
+    assert {s.dtype for s in specs.values()} == {"float32"}
+    assert {s.grows for s in specs.values()} == {()}
 
 
 def test_bad_states_are_named(model_and_compiled):
@@ -148,7 +149,7 @@ def test_eos_stops_and_stream_yields_each_token(model_and_compiled):
 def test_onnx_step_graph_io_and_no_loops():
     model = make_hf_model("mamba", num_hidden_layers=2)
     compiled = ssmcc.compile(model, target="onnx")
-    proto = onnx.load(f"{compiled.artifact_dir}/step.onnx", load_external_data=False)
+    proto = onnx.load(f"{compiled.executable.folder}/step.onnx", load_external_data=False)
     ops = {n.op_type for n in proto.graph.node}
     ops |= {n.op_type for f in proto.functions for n in f.node}
     assert not {"Scan", "Loop"} & ops

@@ -97,7 +97,7 @@ def _build(name: str, sources: list[str], flags: list[str], extra_key: str = "")
     digest = hashlib.sha256()
     for part in [version, _cpu_flags(), " ".join(flags), extra_key]:
         digest.update(part.encode())
-    for source in sorted(set(sources + ["ssm_kernels.h"])):
+    for source in sorted(set(sources + ["ssm_kernels.h", "tuning.h"])):
         with open(os.path.join(SOURCE_DIR, source), "rb") as f:
             digest.update(f.read())
     folder = os.path.join(cache_dir(), digest.hexdigest()[:16])

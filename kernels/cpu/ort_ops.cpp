@@ -12,7 +12,7 @@
 
 namespace {
 
-constexpr int64_t kRowsPerTask = 8;
+using ssmcc::tuning::kRowsPerTask;
 
 template <typename Args, void (*Rows)(const Args&, int64_t, int64_t)>
 struct RowTask {

@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "tuning.h"
+
 namespace ssmcc {
 
 inline float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
@@ -151,9 +153,7 @@ struct StepArgs {
   bool softplus;
 };
 
-// Rows go in blocks: the per-row transcendentals (softplus of dt, the silu gate) run first in
-// loops over the block, which vectorise, then the state loop per row.
-constexpr int64_t kStepBlock = 64;
+using tuning::kStepBlock;
 
 inline void selective_state_update_rows(const StepArgs& a, int64_t row_begin, int64_t row_end) {
   const int64_t n_state = a.dstate, per_group = a.dim / a.groups;

@@ -7,9 +7,7 @@
 #define SSMCC_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace {
-// Below this many inner-loop iterations a call runs on the calling thread: waking an OpenMP team
-// costs more than it saves at decode sizes (and torch's own OpenMP threads may still be spinning).
-constexpr int64_t kParallelWork = int64_t(1) << 18;
+using ssmcc::tuning::kParallelWork;
 
 template <typename Fn>
 void parallel_rows(int64_t rows, int64_t work_per_row, int threads, Fn fn) {

@@ -1,10 +1,24 @@
-"""The ONNX target: ssmcc-domain nodes with portable function bodies, run in ONNX Runtime."""
+"""The onnx target: one ``ssmcc``-domain node per ssmcc op with a portable function body, run in
+ONNX Runtime (with ssmcc's custom-op library when it builds); ``target.py`` implements the
+registry contract."""
 
-from ssmcc.lowering.onnx.emitters import ONNX_TABLE, ONNX_UNSUPPORTED
-from ssmcc.lowering.onnx.export import OPSET, lower_to_onnx
-from ssmcc.lowering.table import UNSUPPORTED, register_table
+from ssmcc.lowering.registry import Target
+from ssmcc.options import COMPILE, LOAD, OptionSpec
 
-register_table("onnx", ONNX_TABLE)
-UNSUPPORTED["onnx"] = ONNX_UNSUPPORTED
-
-__all__ = ["ONNX_TABLE", "OPSET", "lower_to_onnx"]
+TARGET = Target(
+    name="onnx",
+    summary="ONNX graphs (prefill/chunk/step, one weights file) run in ONNX Runtime",
+    implementation="ssmcc.lowering.onnx.target",
+    options=(
+        OptionSpec(
+            "threads",
+            None,
+            "ONNX Runtime intra-op threads (default: ONNX Runtime's choice)",
+            kind=int,
+            minimum=1,
+            nullable=True,
+            stages=(COMPILE, LOAD),
+            metavar="N",
+        ),
+    ),
+)

@@ -1,5 +1,11 @@
-"""The torch target: the program runs eagerly in PyTorch, ssmcc ops through the table below."""
+"""The torch target: the program runs eagerly in PyTorch, ssmcc ops on ssmcc's C++ CPU kernels
+(``lower.py``, ``freeze.py``); saved as weight-less programs plus one memory-mapped weights file
+(``weights.py``); ``target.py`` implements the registry contract."""
 
-from ssmcc.lowering.torch.lower import TORCH_TABLE, lower_to_torch
+from ssmcc.lowering.registry import Target
 
-__all__ = ["TORCH_TABLE", "lower_to_torch"]
+TARGET = Target(
+    name="torch",
+    summary="eager PyTorch with ssmcc's C++ CPU kernels; saved as .pt2 programs + safetensors",
+    implementation="ssmcc.lowering.torch.target",
+)

@@ -2,12 +2,15 @@
 
 The program is unlifted (weights bound as module attributes, input-shape checks kept), then one
 loop walks the graph: ATen/prims ops and ``getitem`` stay as they are (PyTorch runs them), and every
-ssmcc op is replaced by its emitter's callable from ``TORCH_TABLE``. An op with no entry raises
-``LoweringError`` naming the op, the node and the backend.
+ssmcc op with an entry in ``TORCH_TABLE`` calls that entry's kernel directly. An ssmcc op without
+an entry stays a ``torch.ops.ssmcc`` call: PyTorch dispatches it to the op's registered
+implementation (a kernel registered with ``torch.library``, else its reference), so the torch
+target runs every op.
 
 Kernels: the C++ CPU kernels (``kernels/cpu``, built on first use) when ``kernels="auto"`` and a
-compiler is available; otherwise (or with ``kernels="reference"``) the op itself, i.e. the op
-library's pure-PyTorch reference.
+compiler is available, called without per-call argument checks (the IR verifier checked the
+program against the ops' fake implementations); otherwise (or with ``kernels="reference"``) the
+op library's pure-PyTorch reference.
 
 The weights are then frozen (``freeze.py``): weight-only expressions are evaluated once, and every
 weight is bound as one flat attribute. The module therefore holds the weights' values at lowering
@@ -19,22 +22,19 @@ from __future__ import annotations
 from torch import nn
 from torch.export import ExportedProgram
 
-from ssmcc.errors import LoweringError
-from ssmcc.lowering.table import Emitter, register_table
+from ssmcc.lowering.table import Emitter
 from ssmcc.lowering.torch.freeze import flatten_weight_attributes, fold_weight_expressions
-from ssmcc.ops import SSMCC_OPS, is_ssmcc_op
-
-KERNEL_CHOICES = ("auto", "reference")
+from ssmcc.ops import SSMCC_REFERENCES, is_ssmcc_op
 
 
 def _emit(name: str, kernels: str):
-    """The C++ kernel when asked for and buildable here, else the op (its PyTorch reference)."""
+    """The C++ kernel when asked for and buildable here, else the op's PyTorch reference."""
     if kernels == "auto":
         from ssmcc.kernels.cpu import torch_binding
 
         if torch_binding.available():
             return torch_binding.VERIFIED_PROGRAM_KERNELS[name]
-    return SSMCC_OPS[name]
+    return SSMCC_REFERENCES[name]
 
 
 TORCH_TABLE: dict[str, Emitter] = {
@@ -42,25 +42,18 @@ TORCH_TABLE: dict[str, Emitter] = {
         kernel="C++ (kernels/cpu, OpenMP) when a compiler is found, else the PyTorch reference",
         emit=lambda node, kernels, name=name: _emit(name, kernels),
     )
-    for name in SSMCC_OPS
+    for name in SSMCC_REFERENCES
 }
-register_table("torch", TORCH_TABLE)
 
 
 def lower_to_torch(program: ExportedProgram, kernels: str = "auto") -> nn.Module:
-    if kernels not in KERNEL_CHOICES:
-        raise LoweringError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
     module = program.module()
     for node in module.graph.nodes:
         if node.op != "call_function" or not is_ssmcc_op(node.target):
             continue
         emitter = TORCH_TABLE.get(node.target._opname)
-        if emitter is None:
-            raise LoweringError(
-                f"backend 'torch' has no emitter for op ssmcc.{node.target._opname} "
-                f"(node {node.name}); supported: {', '.join(sorted(TORCH_TABLE))}"
-            )
-        node.target = emitter.emit(node, kernels)
+        if emitter is not None:
+            node.target = emitter.emit(node, kernels)
     fold_weight_expressions(module)
     flatten_weight_attributes(module)
     return module

@@ -22,6 +22,13 @@ SSMCC_OPS = {
     "causal_conv1d": causal_conv1d._opoverload,
     "causal_conv1d_update": causal_conv1d_update._opoverload,
 }
+# Each op's pure-PyTorch reference: the oracle, and the fallback wherever no kernel runs.
+SSMCC_REFERENCES = {
+    "selective_scan": selective_scan_ref,
+    "selective_state_update": selective_state_update_ref,
+    "causal_conv1d": causal_conv1d_ref,
+    "causal_conv1d_update": causal_conv1d_update_ref,
+}
 
 
 def is_ssmcc_op(target) -> bool:
@@ -31,6 +38,7 @@ def is_ssmcc_op(target) -> bool:
 
 __all__ = [
     "SSMCC_OPS",
+    "SSMCC_REFERENCES",
     "causal_conv1d",
     "causal_conv1d_ref",
     "causal_conv1d_update",

@@ -31,6 +31,7 @@ from ssmcc.ops._shapes import (
     expect_vector,
     uses_silu,
 )
+from ssmcc.ops.contracts import StateContract, register_state_contract
 
 
 def _check_weight(op: str, weight: Tensor, dim) -> None:
@@ -139,3 +140,23 @@ def _causal_conv1d_update_fake(x, conv_state, weight, bias=None, activation=None
     check_causal_conv1d_update_args(x, conv_state, weight, bias)
     uses_silu("causal_conv1d_update", activation)
     return x.new_empty(x.shape), conv_state.new_empty(conv_state.shape, dtype=torch.float32)
+
+
+def _conv_step(state, x, weight, bias=None, initial_state=None, activation=None):
+    """``causal_conv1d`` over one position from ``state``: ``causal_conv1d_update``."""
+    out, new_state = causal_conv1d_update(x[:, :, 0], state, weight, bias, activation)
+    return out.unsqueeze(-1), new_state
+
+
+register_state_contract(
+    causal_conv1d,
+    StateContract(
+        kind="conv_state",
+        state_arg="initial_state",
+        state_output=1,
+        shape=lambda args: (args["weight"].shape[0], args["weight"].shape[1] - 1),  # (d, k-1)
+        dtype=lambda args: torch.float32,
+        step=_conv_step,
+        step_op="causal_conv1d_update",
+    ),
+)

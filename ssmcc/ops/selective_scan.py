@@ -37,6 +37,8 @@ from ssmcc.ops._shapes import (
     expect_same_shape,
     expect_vector,
 )
+from ssmcc.ops.contracts import StateContract, register_state_contract
+from ssmcc.ops.selective_state_update import selective_state_update
 
 OP = "selective_scan"
 
@@ -122,3 +124,38 @@ def _selective_scan_fake(
     check_selective_scan_args(u, delta, A, B, C, D, z, delta_bias, initial_state)
     batch, dim, _ = u.shape
     return u.new_empty(u.shape), u.new_empty((batch, dim, A.shape[1]), dtype=torch.float32)
+
+
+def _scan_step(
+    state,
+    u,
+    delta,
+    A,
+    B,
+    C,
+    D=None,
+    z=None,
+    delta_bias=None,
+    delta_softplus=False,
+    initial_state=None,
+):
+    """``selective_scan`` over one position from ``state``: ``selective_state_update``."""
+    at0 = lambda t: None if t is None else t[..., 0]  # noqa: E731
+    out, new_state = selective_state_update(
+        state, at0(u), at0(delta), A, at0(B), at0(C), D, at0(z), delta_bias, delta_softplus
+    )
+    return out.unsqueeze(-1), new_state
+
+
+register_state_contract(
+    selective_scan,
+    StateContract(
+        kind="ssm_state",
+        state_arg="initial_state",
+        state_output=1,
+        shape=lambda args: tuple(args["A"].shape),  # (d, n)
+        dtype=lambda args: torch.float32,
+        step=_scan_step,
+        step_op="selective_state_update",
+    ),
+)

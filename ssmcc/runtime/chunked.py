@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from ssmcc.prefix_cache import PrefixCache
+from ssmcc.runtime.prefix_cache import PrefixCache
 
 ChunkFn = Callable[[torch.Tensor, list[torch.Tensor]], tuple[torch.Tensor, list[torch.Tensor]]]
 

@@ -10,44 +10,17 @@ object and the library are never changed permanently.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
 import sys
-from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 
 from torch import nn
 
-
-@dataclasses.dataclass(frozen=True)
-class Route:
-    name: str
-    module: str
-    mixer_classes: tuple[str, ...]
-    replacements: Mapping[str, Callable]
-
-
-@dataclasses.dataclass
-class RoutingRecord:
-    """What routing found and did: the routes used, the SSM layers, routed calls by op name."""
-
-    routes: list[str] = dataclasses.field(default_factory=list)
-    layers: list[tuple[str, str]] = dataclasses.field(default_factory=list)
-    calls: Counter = dataclasses.field(default_factory=Counter)
-
-
-_ACTIVE: list[RoutingRecord] = []
-
-
-def record_routed_call(op_name: str) -> None:
-    """Called by replacement functions; counts the call in the innermost active routing."""
-    if _ACTIVE:
-        _ACTIVE[-1].calls[op_name] += 1
+from ssmcc.frontend import hf_mamba1
+from ssmcc.frontend.route import ACTIVE_ROUTINGS, Route, RoutingRecord
 
 
 def known_routes() -> tuple[Route, ...]:
-    from ssmcc.capture import hf_mamba1
-
     return hf_mamba1.ROUTES
 
 
@@ -73,7 +46,7 @@ def routed(model: nn.Module) -> Iterator[RoutingRecord]:
     routes = routes_for(model)
     record = RoutingRecord(routes=[r.name for r in routes], layers=ssm_layers(model, routes))
     saved: list[tuple[object, str, object]] = []
-    _ACTIVE.append(record)
+    ACTIVE_ROUTINGS.append(record)
     try:
         for route in routes:
             module = sys.modules.get(route.module) or importlib.import_module(route.module)
@@ -84,4 +57,4 @@ def routed(model: nn.Module) -> Iterator[RoutingRecord]:
     finally:
         for module, attribute, original in reversed(saved):
             setattr(module, attribute, original)
-        _ACTIVE.remove(record)
+        ACTIVE_ROUTINGS.remove(record)

@@ -18,10 +18,10 @@ import torch
 from torch import nn
 from torch.export import Dim, ExportedProgram
 
-from ssmcc.capture.inputs import check_token_ids
-from ssmcc.capture.report import CaptureReport, ssmcc_op_counts
-from ssmcc.capture.routes import RoutingRecord, routed
 from ssmcc.errors import CaptureError, InputError
+from ssmcc.frontend.inputs import check_token_ids
+from ssmcc.frontend.report import CaptureReport, ssmcc_op_counts
+from ssmcc.frontend.routes import RoutingRecord, routed
 
 REPORT_KEY = "ssmcc.capture_report"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ssmcc.capture.routes import Route, record_routed_call
+from ssmcc.frontend.route import Route, record_routed_call
 
 
 def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **kwargs):

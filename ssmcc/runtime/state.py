@@ -1,9 +1,12 @@
-"""Recurrent state as a first-class object: named per layer, float32, batch-first.
+"""Recurrent state as a first-class object: named per layer, batch-first, each tensor in its own
+dtype.
 
 ``State`` maps names such as ``layers.3.conv_state`` (b, d, k-1) and ``layers.3.ssm_state``
-(b, d, n) to tensors, in the order the programs take them. It is what ``prefill`` returns and
-``step`` consumes; it can be saved, loaded, and checked against the model's state specs (an error
-names the state tensor and what is wrong with it).
+(b, d, n) to tensors, in the order the programs take them; the names, shapes and dtypes come from
+the ops' state contracts (``StateSpec``). It is what ``prefill`` returns and ``step`` consumes; it
+can be saved, loaded, and checked against the model's specs (an error names the state tensor and
+what is wrong with it). Axes a contract declares growing (a K/V cache's positions) start empty
+and may have any size.
 """
 
 from __future__ import annotations
@@ -14,16 +17,9 @@ import os
 import torch
 
 from ssmcc.errors import InputError
+from ssmcc.ops.contracts import StateSpec
 
 STATE_FORMAT = "ssmcc-state"
-
-
-def spec_dicts(specs) -> list[dict]:
-    """StateSpecs as JSON-able dicts (the manifest's ``states``)."""
-    return [
-        {"name": s.name, "kind": s.kind, "shape": ["batch", *s.shape], "dtype": s.dtype}
-        for s in specs
-    ]
 
 
 class State(collections.abc.Mapping):
@@ -48,11 +44,16 @@ class State(collections.abc.Mapping):
         return sum(t.numel() * t.element_size() for t in self._tensors.values())
 
     @classmethod
-    def zeros(cls, specs: list[dict], batch: int) -> State:
-        return cls({s["name"]: torch.zeros(batch, *s["shape"][1:]) for s in specs})
+    def zeros(cls, specs: list[StateSpec], batch: int) -> State:
+        """The state before any token: zeros, growing axes empty."""
+        tensors = {}
+        for spec in specs:
+            shape = [0 if axis in spec.grows else size for axis, size in enumerate(spec.shape)]
+            tensors[spec.name] = torch.zeros(batch, *shape, dtype=spec.torch_dtype)
+        return cls(tensors)
 
-    def tensors(self, specs: list[dict]) -> list[torch.Tensor]:
-        return [self._tensors[s["name"]] for s in specs]
+    def tensors(self, specs: list[StateSpec]) -> list[torch.Tensor]:
+        return [self._tensors[s.name] for s in specs]
 
     def save(self, path: str) -> None:
         """Write the state to ``path`` (a torch file; written atomically)."""
@@ -74,14 +75,14 @@ class State(collections.abc.Mapping):
         return f"State(batch={self.batch}, tensors={len(self)}, {self.nbytes / 1e6:.2f} MB)"
 
 
-def check_state(state, specs: list[dict], batch: int) -> list[torch.Tensor]:
+def check_state(state, specs: list[StateSpec], batch: int) -> list[torch.Tensor]:
     """The state's tensors in program order, after checking names, shapes, dtypes and batch."""
     if not isinstance(state, collections.abc.Mapping):
         raise InputError(
             f"state must be an ssmcc.State (a mapping of name -> tensor), got "
             f"{type(state).__name__}"
         )
-    expected = [s["name"] for s in specs]
+    expected = [s.name for s in specs]
     missing = [n for n in expected if n not in state]
     extra = [n for n in state if n not in expected]
     if missing or extra:
@@ -91,17 +92,24 @@ def check_state(state, specs: list[dict], batch: int) -> list[torch.Tensor]:
         )
     tensors = []
     for spec in specs:
-        name, tensor = spec["name"], state[spec["name"]]
-        want = (batch, *spec["shape"][1:])
+        name, tensor = spec.name, state[spec.name]
         if not isinstance(tensor, torch.Tensor):
             raise InputError(f"state tensor {name} is a {type(tensor).__name__}, not a tensor")
-        if tensor.dtype != torch.float32:
-            raise InputError(f"state tensor {name} has dtype {tensor.dtype}, expected float32")
-        if tuple(tensor.shape) != want:
-            what = "batch" if tuple(tensor.shape[1:]) == want[1:] else "shape"
+        if tensor.dtype != spec.torch_dtype:
             raise InputError(
-                f"state tensor {name} has {what} {tuple(tensor.shape)}, expected "
-                f"{want} (batch {batch} from the token ids)"
+                f"state tensor {name} has dtype {tensor.dtype}, expected {spec.torch_dtype}"
+            )
+        have = tuple(tensor.shape)
+        want = (batch, *spec.shape)
+        fits = len(have) == len(want) and all(
+            h == w or axis - 1 in spec.grows
+            for axis, (h, w) in enumerate(zip(have, want, strict=True))
+        )
+        if not fits:
+            what = "batch" if have[1:] == want[1:] else "shape"
+            raise InputError(
+                f"state tensor {name} has {what} {have}, expected {want} (batch {batch} from the "
+                "token ids)"
             )
         tensors.append(tensor.contiguous())
     return tensors

@@ -1,0 +1,21 @@
+// Tuning constants of the ssmcc CPU kernels, in one place (both bindings include this header, and
+// the build's cache key hashes it: changing a value rebuilds the libraries).
+#pragma once
+
+#include <cstdint>
+
+namespace ssmcc::tuning {
+
+// selective_state_update: rows go in blocks of this many; the per-row transcendentals (softplus
+// of dt, the silu gate) run in loops over a block, which vectorise, then the state loop per row.
+constexpr int64_t kStepBlock = 64;
+
+// torch binding (OpenMP): below this many inner-loop iterations a call runs on the calling
+// thread; waking an OpenMP team costs more than it saves at decode sizes (and torch's own OpenMP
+// threads may still be spinning).
+constexpr int64_t kParallelWork = int64_t(1) << 18;
+
+// ONNX Runtime binding: rows per task handed to ORT's intra-op thread pool.
+constexpr int64_t kRowsPerTask = 8;
+
+}  // namespace ssmcc::tuning

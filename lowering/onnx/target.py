@@ -1,0 +1,230 @@
+"""The onnx target: lower, save and load (see ``lowering/registry.py`` for the contract).
+
+Its form of a ``ProgramSet`` is a set of ONNX files sharing one weights file:
+``prefill.onnx`` (``input_ids`` + states -> logits + next states), ``chunk.onnx`` (the same, with
+the last position's logits only: what chunked prefill and ``generate`` run), ``step.onnx`` (one
+token + states -> last logits + next states) and ``weights.bin`` (every initializer stored once,
+by content). A model that does not stream has ``forward.onnx`` (its own inputs and outputs)
+instead. ONNX Runtime sessions open on first use of a graph (each holds its own copy of the
+weights, so a model that only generates never opens the full-logits graph).
+
+Compiling writes these files to a private working directory (ONNX Runtime reads external weights
+from files) that lives as long as the compiled model; ``save`` copies them into the artifact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import weakref
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+
+from ssmcc.errors import ArtifactError
+from ssmcc.lowering.onnx.emitters import ONNX_TABLE, ONNX_UNSUPPORTED
+from ssmcc.lowering.onnx.export import OPSET, lower_to_onnx
+from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
+from ssmcc.ops.contracts import StateSpec
+from ssmcc.passes.program_set import STATEFUL_GRAPHS, ProgramSet
+
+WEIGHTS_FILE = "weights.bin"
+INLINE_BYTES = 1024  # initializers smaller than this stay inside the graph file
+ALIGN = 64
+_TYPE_NAMES = {
+    onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.BFLOAT16: "bfloat16",
+}
+
+
+def _dim_names(program) -> dict[str, str]:
+    """``input_ids`` dims -> batch, seq; every other user input's dim 0 -> batch."""
+    names = {}
+    user_inputs = list(program.graph_signature.user_inputs)
+    for node in program.graph.nodes:
+        if node.op != "placeholder" or node.name not in user_inputs:
+            continue
+        axes = ("batch", "seq") if node.name == user_inputs[0] else ("batch",)
+        for axis, size in enumerate(node.meta["val"].shape[: len(axes)]):
+            if isinstance(size, torch.SymInt):
+                names[str(size.node.expr)] = axes[axis]
+    return names
+
+
+def _describe_values(values) -> list[dict]:
+    return [
+        {
+            "name": v.name,
+            "dtype": _TYPE_NAMES.get(
+                v.type.tensor_type.elem_type, str(v.type.tensor_type.elem_type)
+            ),
+            "dims": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim],
+        }
+        for v in values
+    ]
+
+
+def _externalize(models: dict[str, onnx.ModelProto], folder: str) -> None:
+    """Move every initializer of every model into one ``weights.bin``, each distinct content
+    stored once (the prefill, chunk and step graphs share the weights)."""
+    stored: dict[bytes, tuple[int, int]] = {}
+    with open(os.path.join(folder, WEIGHTS_FILE), "wb") as weights:
+        for model in models.values():
+            for tensor in model.graph.initializer:
+                if not tensor.HasField("raw_data"):
+                    tensor.CopyFrom(
+                        numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name)
+                    )
+                raw = tensor.raw_data
+                if len(raw) < INLINE_BYTES:
+                    continue
+                key = hashlib.sha256(raw).digest() + bytes(str(tensor.data_type), "ascii")
+                if key not in stored:
+                    weights.write(b"\0" * (-weights.tell() % ALIGN))
+                    stored[key] = (weights.tell(), len(raw))
+                    weights.write(raw)
+                offset, length = stored[key]
+                tensor.ClearField("raw_data")
+                tensor.data_location = onnx.TensorProto.EXTERNAL
+                del tensor.external_data[:]
+                for k, v in (("location", WEIGHTS_FILE), ("offset", offset), ("length", length)):
+                    tensor.external_data.add(key=k, value=str(v))
+    for name, model in models.items():
+        onnx.save_model(model, os.path.join(folder, f"{name}.onnx"))
+
+
+def _graph_entry(name: str, model: onnx.ModelProto) -> dict:
+    return {
+        "file": f"{name}.onnx",
+        "inputs": _describe_values(model.graph.input),
+        "outputs": _describe_values(model.graph.output),
+        "nodes": len(model.graph.node),
+        "ssmcc_nodes": sorted({n.op_type for n in model.graph.node if n.domain == DOMAIN}),
+    }
+
+
+def _models(programs: ProgramSet) -> dict[str, onnx.ModelProto]:
+    if programs.streaming:
+        names = [s.name for s in programs.specs]
+        inputs = ["input_ids", *names]
+        outputs = ["logits", *[f"{n}.next" for n in names]]
+        return {
+            graph: lower_to_onnx(
+                programs.program(graph), inputs, outputs, _dim_names(programs.program(graph))
+            )
+            for graph in STATEFUL_GRAPHS
+        }
+    token = programs.token_model
+    return {
+        "forward": lower_to_onnx(
+            programs.forward,
+            ["input_ids"] if token else None,
+            ["logits"] if token else None,
+            _dim_names(programs.forward) if token else None,
+        )
+    }
+
+
+class OnnxExecutable:
+    """ONNX Runtime sessions over the graph files in ``folder``, each opened on first use."""
+
+    def __init__(self, folder: str, graphs: dict, specs: list[StateSpec], kernels, threads):
+        self.folder = folder
+        self.graph_entries = graphs
+        self.specs = specs
+        self.kernels = kernels
+        self.threads = threads
+        self._sessions: dict = {}
+
+    @property
+    def graphs(self) -> tuple[str, ...]:
+        return tuple(self.graph_entries)
+
+    def session(self, graph: str):
+        if graph not in self._sessions:
+            from ssmcc.lowering.onnx.runtime import make_session
+
+            path = os.path.join(self.folder, self.graph_entries[graph]["file"])
+            try:
+                self._sessions[graph] = make_session(path, self.kernels, self.threads)
+            except Exception as error:  # onnxruntime's own exception types
+                first = str(error).strip().splitlines()[0]
+                raise ArtifactError(
+                    f"{path} could not be loaded by onnxruntime: {first}"
+                ) from error
+        return self._sessions[graph]
+
+    def run(self, graph: str, *inputs) -> list[torch.Tensor]:
+        entries = self.graph_entries[graph]["inputs"]
+        feed = {}
+        for entry, tensor in zip(entries, inputs, strict=True):
+            array = tensor.numpy()
+            if entry["dtype"] == "int64":
+                array = array.astype(np.int64, copy=False)
+            elif entry["dtype"] == "float32":
+                array = array.astype(np.float32, copy=False)
+            feed[entry["name"]] = np.ascontiguousarray(array)
+        return [torch.from_numpy(o) for o in self.session(graph).run(None, feed)]
+
+    def file_paths(self) -> dict[str, str]:
+        """Every file of this model (what ``save`` copies), by name."""
+        return {name: os.path.join(self.folder, name) for name in self.files}
+
+    @property
+    def files(self) -> list[str]:
+        names = [entry["file"] for entry in self.graph_entries.values()]
+        weights = os.path.join(self.folder, WEIGHTS_FILE)
+        return names + ([WEIGHTS_FILE] if os.path.exists(weights) else [])
+
+
+def _versions() -> dict[str, str]:
+    import onnxruntime
+
+    return {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
+
+
+def lower(programs: ProgramSet, options) -> OnnxExecutable:
+    models = _models(programs)
+    for model in models.values():
+        onnx.checker.check_model(model, full_check=True)
+    workdir = tempfile.mkdtemp(prefix="ssmcc-onnx-")
+    try:
+        _externalize(models, workdir)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    graphs = {name: _graph_entry(name, model) for name, model in models.items()}
+    executable = OnnxExecutable(
+        workdir, graphs, programs.specs, options.kernels, options["threads"]
+    )
+    weakref.finalize(executable, shutil.rmtree, workdir, True)
+    return executable
+
+
+def save(executable: OnnxExecutable, folder: str) -> dict:
+    for name in executable.files:
+        shutil.copy2(os.path.join(executable.folder, name), os.path.join(folder, name))
+    return {
+        "graphs": executable.graph_entries,
+        "opset": {"": OPSET, DOMAIN: VERSION},
+        "versions": _versions(),
+    }
+
+
+def load(folder: str, manifest: dict, options) -> OnnxExecutable:
+    specs = [StateSpec.from_dict(s) for s in manifest.get("states", [])]
+    return OnnxExecutable(folder, manifest["graphs"], specs, options.kernels, options["threads"])
+
+
+def native_ops() -> dict[str, str]:
+    return {op: emitter.kernel for op, emitter in ONNX_TABLE.items()}
+
+
+def unsupported_ops() -> dict[str, str]:
+    return dict(ONNX_UNSUPPORTED)

@@ -1,0 +1,150 @@
+"""The torch target: lower, save and load (see ``lowering/registry.py`` for the contract).
+
+Lowering is lazy per program: ``forward`` is lowered when first called, and the stateful programs
+(prefill, chunk, step) are derived and lowered on the first streaming call, so a model that is
+only called never pays for them.
+
+Artifact: ``weights.safetensors`` (every weight once, memory-mapped on load and shared by all
+programs), one ``<graph>.pt2`` per program with its weights stripped (``torch.export.save`` of the
+graph and signature), and the manifest. A streaming model stores prefill, chunk and step (its
+full-sequence call runs prefill from zero states); a plain module stores forward.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ssmcc.errors import ArtifactError
+from ssmcc.frontend.report import ssmcc_op_counts
+from ssmcc.lowering.torch.lower import TORCH_TABLE, lower_to_torch
+from ssmcc.lowering.torch.weights import (
+    bind_weights,
+    read_weights,
+    strip_weights,
+    write_weights,
+)
+from ssmcc.ops import SSMCC_OPS
+from ssmcc.ops.contracts import StateSpec
+from ssmcc.passes.program_set import STATEFUL_GRAPHS, ProgramSet
+
+WEIGHTS_FILE = "weights.safetensors"
+
+
+class TorchExecutable:
+    """Lowered ``nn.Module``s of a ``ProgramSet``, one per graph, made on first use."""
+
+    def __init__(self, programs: ProgramSet, kernels: str):
+        self.programs = programs
+        self.kernels = kernels
+        self.specs: list[StateSpec] = programs.specs
+        self._modules: dict[str, torch.nn.Module] = {}
+
+    @property
+    def graphs(self) -> tuple[str, ...]:
+        return self.programs.graphs
+
+    def module(self, graph: str) -> torch.nn.Module:
+        if graph not in self._modules:
+            module = lower_to_torch(self.programs.program(graph), self.kernels)
+            if graph in STATEFUL_GRAPHS:
+                # CompiledModel checks the ids and every state before a target sees them; the
+                # exported module's own pytree check would cost ~1 ms per decoded token.
+                module.validate_inputs = False
+            self._modules[graph] = module
+        return self._modules[graph]
+
+    def run(self, graph: str, *inputs) -> list[torch.Tensor]:
+        outputs = self.module(graph)(*inputs)
+        return list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+
+
+def lower(programs: ProgramSet, options) -> TorchExecutable:
+    return TorchExecutable(programs, options.kernels)
+
+
+def _saved_graphs(programs: ProgramSet) -> tuple[str, ...]:
+    return STATEFUL_GRAPHS if programs.streaming else ("forward",)
+
+
+def _describe_inputs(program) -> list[dict]:
+    """Name, dtype and dims of each user input: ``batch``/``seq`` (the first input's dims 0, 1;
+    dim 0 of the others) where symbolic, else the size."""
+    user_inputs = list(program.graph_signature.user_inputs)
+    described = []
+    for node in program.graph.nodes:
+        if node.op != "placeholder" or node.name not in user_inputs:
+            continue
+        value = node.meta["val"]
+        axes = ("batch", "seq") if node.name == user_inputs[0] else ("batch",)
+        dims = [
+            axes[axis]
+            if isinstance(size, torch.SymInt) and axis < len(axes)
+            else str(size)
+            if isinstance(size, torch.SymInt)
+            else int(size)
+            for axis, size in enumerate(value.shape)
+        ]
+        described.append(
+            {"name": node.name, "dtype": str(value.dtype).removeprefix("torch."), "dims": dims}
+        )
+    return described
+
+
+def save(executable: TorchExecutable, folder: str) -> dict:
+    programs = {
+        name: executable.programs.program(name) for name in _saved_graphs(executable.programs)
+    }
+    index = write_weights(os.path.join(folder, WEIGHTS_FILE), programs)
+    graphs = {}
+    for name, program in programs.items():
+        file = f"{name}.pt2"
+        torch.export.save(strip_weights(program), os.path.join(folder, file))
+        graphs[name] = {
+            "file": file,
+            "inputs": _describe_inputs(program),
+            "outputs": list(program.graph_signature.user_outputs),
+            "nodes": len(program.graph.nodes),
+            "ssmcc_nodes": sorted(ssmcc_op_counts(program)),
+            "weights": index[name],
+        }
+    return {"graphs": graphs, "weights": WEIGHTS_FILE}
+
+
+def load(folder: str, manifest: dict, options) -> TorchExecutable:
+    weights_file = manifest.get("weights")
+    if weights_file not in manifest["files"]:
+        raise ArtifactError(f"{folder}: the manifest names no weights file among its files")
+    stored = read_weights(os.path.join(folder, weights_file))
+    programs = {}
+    for name, entry in manifest["graphs"].items():
+        path = os.path.join(folder, entry["file"])
+        try:
+            program = torch.export.load(path)
+        except Exception as error:  # torch's own exception types
+            text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise ArtifactError(
+                f"{path} could not be read by torch.export.load: {type(error).__name__}: {text}"
+            ) from error
+        try:
+            bind_weights(program, {key: stored[s] for key, s in entry["weights"].items()})
+        except KeyError as error:
+            raise ArtifactError(
+                f"{path} reads the weight {error.args[0]!r}, which {weights_file} does not hold"
+            ) from error
+        programs[name] = program
+    specs = [StateSpec.from_dict(s) for s in manifest.get("states", [])]
+    restored = ProgramSet.restored(
+        programs, specs, manifest.get("streaming_refusal"), manifest.get("vocab_size") is not None
+    )
+    return TorchExecutable(restored, options.kernels)
+
+
+def native_ops() -> dict[str, str]:
+    dispatched = "the op's registered implementation (torch.ops dispatch)"
+    return {op: TORCH_TABLE[op].kernel if op in TORCH_TABLE else dispatched for op in SSMCC_OPS}
+
+
+def unsupported_ops() -> dict[str, str]:
+    return {}

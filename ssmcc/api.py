@@ -1,0 +1,169 @@
+"""The public API: ``compile`` (capture -> passes -> a target's lowering) and ``load`` (an
+artifact back into a ``CompiledModel``). Both read the target registry and the options module;
+neither knows any target by name."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+from torch.export import ExportedProgram
+
+from ssmcc.errors import ArtifactError, InputError, OptionError
+from ssmcc.frontend.dynamic_length import relax_static_length
+from ssmcc.frontend.export import capture_with_report, is_hf_model, vocab_size_of
+from ssmcc.frontend.report import ssmcc_op_counts
+from ssmcc.lowering.registry import get_target, target_names, targets
+from ssmcc.options import COMPILE, DEFAULT_CHUNK_SIZE, DEFAULT_TARGET, LOAD, resolve_options
+from ssmcc.passes import PassContext, run_passes, verify_program
+from ssmcc.passes.pipelines import PIPELINES, pipeline
+from ssmcc.passes.program_set import ProgramSet
+from ssmcc.runtime.artifact import read_manifest
+from ssmcc.runtime.compiled import CompiledModel
+from ssmcc.runtime.report import CompileReport
+
+DEFAULT_EXAMPLE_LENGTH = 16
+
+
+def static_sequence_length(program) -> int | None:
+    """The length of ``input_ids`` when the program fixes it (a capture with routing off)."""
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name == "input_ids":
+            length = node.meta["val"].shape[1]
+            return length if isinstance(length, int) else None
+    return None
+
+
+def scan_findings(diagnostics: dict[str, list[str]]) -> list[str]:
+    """What looked like a selective scan but was not rewritten, and why (for the report)."""
+    prefix = "detect_selective_scan."
+    return [
+        f"{rule[len(prefix) :]}: {reason}"
+        for rule, reasons in diagnostics.items()
+        if rule.startswith(prefix)
+        for reason in reasons
+    ]
+
+
+def default_example_ids(vocab_size: int, length: int = DEFAULT_EXAMPLE_LENGTH) -> torch.Tensor:
+    """Example token ids (2, length) for tracing; only their shape and dtype matter."""
+    return (torch.arange(2 * length).reshape(2, length) * 7919) % vocab_size
+
+
+def compile_options(target: str, stage: str, values: dict):
+    """The validated ``Options`` of a compile or load for ``target``."""
+    return resolve_options(
+        get_target(target),
+        stage,
+        values,
+        known_targets=targets,
+        choices={"pipeline": tuple(PIPELINES)},
+    )
+
+
+def compile(
+    model: nn.Module | ExportedProgram,
+    target: str = DEFAULT_TARGET,
+    example_inputs=None,
+    **options,
+) -> CompiledModel:
+    """Compile ``model`` for ``target`` (``ssmcc coverage`` lists the targets).
+
+    ``model``: an ``nn.Module``, or a program the caller exported with ``torch.export`` (taken
+    as it is: no capture, no routing; the passes, ``detect_selective_scan`` included, run on it).
+    ``example_inputs``: for a Hugging Face causal LM, optional token ids (batch, length) used only
+    for tracing (default: 2 x 16 ids); for any other module, required, as for ``torch.export``.
+
+    Options (``ssmcc.options`` defines and checks them; a target may add its own):
+    ``kernels`` ("auto": ssmcc's native kernels where they build here; "reference": the
+    op library's PyTorch references / portable ONNX bodies), ``chunk_size`` (prompt tokens per
+    prefill chunk; also the granularity of prefix caching), ``route`` (capture known SSM layers
+    as ssmcc ops; with ``route=False`` the model's own code is exported, a Python loop over time
+    at the example's length, and the passes rewrite what they recognise; if nothing else used
+    the captured length the program is re-exported with a dynamic length, else it runs at that
+    length only, without prefill/step/generate -- the report says which, and why),
+    ``pipeline`` ("default"; "none": the raw capture), ``verify`` (the IR verifier after every
+    pass; it always runs once at the end), ``dtype`` and ``quantize`` (as the target implements).
+    """
+    opts = compile_options(target, COMPILE, options)
+    started = time.perf_counter()
+    token_model = is_hf_model(model)
+    vocab_size = vocab_size_of(model) if token_model else None
+    if example_inputs is None and not isinstance(model, ExportedProgram):
+        if not token_model or vocab_size is None:
+            raise InputError(
+                f"{type(model).__name__} is not a Hugging Face language model: pass "
+                "example_inputs (a tuple of example tensors, as for torch.export)"
+            )
+        example_inputs = (default_example_ids(vocab_size),)
+    captured, capture_report = capture_with_report(
+        model, example_inputs, dynamic=True, route=opts.route
+    )
+    ctx = PassContext(verify=opts.verify)
+    program, pipeline_report = run_passes(captured, pipeline(opts.pipeline), ctx)
+    static_length = static_sequence_length(program) if token_model else None
+    if static_length is not None:
+        relaxed, why = relax_static_length(program, static_length, vocab_size)
+        if relaxed is None:
+            capture_report.notes.append(f"length stays static at {static_length} tokens: {why}")
+        else:
+            program, again = run_passes(relaxed, pipeline(opts.pipeline), ctx)
+            pipeline_report.records += again.records
+            capture_report.notes.append(
+                f"length made dynamic: only the scans and convolutions the passes replaced "
+                f"used the captured length ({static_length})"
+            )
+            static_length = None
+    verify_program(program, after=f"pipeline {opts.pipeline}")
+    programs = ProgramSet(
+        program, token_model=token_model, static_length=static_length, verify=opts.verify
+    )
+    executable = get_target(opts.target).module().lower(programs, opts)
+    info = {
+        "model": capture_report.model,
+        "vocab_size": vocab_size,
+        "ssmcc_ops": ssmcc_op_counts(program),
+        "static_length": static_length,
+        "streaming_refusal": programs.refusal,
+    }
+    report = CompileReport(
+        target=opts.target,
+        capture=capture_report,
+        pipeline=opts.pipeline,
+        passes_run=pipeline_report.passes_run,
+        rule_hits=pipeline_report.rule_hits,
+        node_count=len(program.graph.nodes),
+        op_counts=info["ssmcc_ops"],
+        compile_seconds=round(time.perf_counter() - started, 3),
+        findings=scan_findings(ctx.diagnostics),
+        streaming="yes" if programs.refusal is None else f"no: {programs.refusal}",
+    )
+    return CompiledModel(executable, opts, info, program=program, report=report)
+
+
+def load(artifact_dir: str, verify: bool = True, **options) -> CompiledModel:
+    """Open an artifact written by ``CompiledModel.save`` / ``ssmcc compile``.
+
+    ``verify`` checks every file's SHA-256 against the manifest. Options: ``kernels`` ("auto":
+    ssmcc's native kernels where they build here; "reference": the reference / portable path),
+    ``chunk_size`` (default: the one the model was compiled with), and the target's own (e.g.
+    the ONNX target's ``threads``).
+    """
+    manifest = read_manifest(artifact_dir, verify_hashes=verify)
+    if manifest["target"] not in target_names():
+        raise ArtifactError(
+            f"{artifact_dir}: target {manifest['target']!r} cannot be loaded by this ssmcc "
+            f"(loadable targets: {', '.join(target_names())})"
+        )
+    options.setdefault("chunk_size", manifest.get("chunk_size", DEFAULT_CHUNK_SIZE))
+    try:
+        opts = compile_options(manifest["target"], LOAD, options)
+    except OptionError as error:
+        raise OptionError(f"ssmcc.load({artifact_dir!r}): {error}") from error
+    executable = get_target(opts.target).module().load(artifact_dir, manifest, opts)
+    info = {
+        key: manifest.get(key)
+        for key in ("model", "vocab_size", "ssmcc_ops", "static_length", "streaming_refusal")
+    }
+    return CompiledModel(executable, opts, info, manifest=manifest, artifact_dir=artifact_dir)
