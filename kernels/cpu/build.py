@@ -34,7 +34,22 @@ COMMON_FLAGS = [
     "-shared",
     "-fvisibility=hidden",
 ]
+# -fsanitize builds (SSMCC_SANITIZE=1): the fuzz corpus runs once against these in CI, because
+# an out-of-bounds read is invisible to value comparisons. Loading them needs the sanitizer
+# runtimes preloaded (tests/test_fuzz_sanitized.py shows how).
+SANITIZE_FLAGS = [
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=all",
+    "-fno-omit-frame-pointer",
+    "-g",
+]
+KERNEL_HEADERS = ["ssm_kernels.h", "tuning.h", "contracts.h"]
 HEADER = "onnxruntime_cxx_api.h"
+
+
+def sanitizing() -> bool:
+    """Whether this process builds (and loads) the sanitizer-instrumented kernels."""
+    return os.environ.get("SSMCC_SANITIZE") == "1"
 
 
 def _cache_root() -> str:
@@ -95,9 +110,10 @@ def _build(name: str, sources: list[str], flags: list[str], extra_key: str = "")
         return None
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256()
+    flags = [*flags, *(SANITIZE_FLAGS if sanitizing() else [])]
     for part in [version, _cpu_flags(), " ".join(flags), extra_key]:
         digest.update(part.encode())
-    for source in sorted(set(sources + ["ssm_kernels.h", "tuning.h"])):
+    for source in sorted(set(sources + KERNEL_HEADERS)):
         with open(os.path.join(SOURCE_DIR, source), "rb") as f:
             digest.update(f.read())
     folder = os.path.join(cache_dir(), digest.hexdigest()[:16])

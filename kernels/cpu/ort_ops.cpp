@@ -1,18 +1,26 @@
 // ONNX Runtime custom-op library for the ssmcc domain: the kernels of ssm_kernels.h bound as
 // ORT kernels (schemas: lowering/onnx/schemas.py). Rows are split over ORT's own intra-op thread
 // pool (KernelContext_ParallelFor), so no second thread pool competes with ORT's.
+// ORT checks only element types, so each kernel checks every input's shape against its node's
+// contract (schemas.py; the size relations of contracts.h) before it reads anything; a violation
+// fails the Run with an error naming the node type, the input and both shapes.
 // Build: -std=c++17 -fPIC -shared -fvisibility=hidden -DORT_API_MANUAL_INIT; the only exported
 // symbol is RegisterCustomOps.
 #include <memory>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
+#include "contracts.h"
 #include "onnxruntime_cxx_api.h"
 #include "ssm_kernels.h"
 
 namespace {
 
 using ssmcc::tuning::kRowsPerTask;
+using Shape = std::vector<int64_t>;
+constexpr int64_t kAny = -1;
 
 template <typename Args, void (*Rows)(const Args&, int64_t, int64_t)>
 struct RowTask {
@@ -35,6 +43,55 @@ void parallel_rows(OrtKernelContext* context, const Args& args, int64_t rows) {
       context, &RowTask<Args, Rows>::run, tasks, 0, &task));
 }
 
+std::string shape_text(const Shape& shape) {
+  std::string text = "(";
+  for (size_t i = 0; i < shape.size(); ++i)
+    text += (i ? ", " : "") + (shape[i] == kAny ? std::string("*") : std::to_string(shape[i]));
+  return text + (shape.size() == 1 ? ",)" : ")");
+}
+
+// The inputs of one node, read with their shapes checked (std::invalid_argument otherwise).
+class Inputs {
+ public:
+  Inputs(Ort::KernelContext& ctx, const char* op, size_t count) : ctx_(ctx), op_(op) {
+    if (ctx.GetInputCount() != count)
+      fail("expects " + std::to_string(count) + " inputs, got " +
+           std::to_string(ctx.GetInputCount()));
+  }
+
+  // The shape of input ``i`` after checking it against ``want`` (kAny: any size).
+  Shape expect(size_t i, const char* name, const Shape& want, const char* layout) const {
+    const Shape have = value(i, name).GetTensorTypeAndShapeInfo().GetShape();
+    bool fits = have.size() == want.size();
+    for (size_t axis = 0; fits && axis < want.size(); ++axis)
+      fits = want[axis] == kAny || want[axis] == have[axis];
+    if (!fits)
+      fail(std::string(name) + " must have shape " + layout + " = " + shape_text(want) + ", got " +
+           shape_text(have));
+    return have;
+  }
+
+  const float* data(size_t i) const { return ctx_.GetInput(i).GetTensorData<float>(); }
+
+  [[noreturn]] void fail(const std::string& message) const {
+    throw std::invalid_argument(std::string("ssmcc.") + op_ + ": " + message);
+  }
+
+  void require(const std::string& contract) const {
+    if (!contract.empty()) throw std::invalid_argument(contract);
+  }
+
+ private:
+  Ort::ConstValue value(size_t i, const char* name) const {
+    auto v = ctx_.GetInput(i);
+    if (!v) fail(std::string("input ") + name + " is missing");
+    return v;
+  }
+
+  Ort::KernelContext& ctx_;
+  const char* op_;
+};
+
 struct SelectiveScanKernel {
   int64_t softplus, has_z;
   SelectiveScanKernel(const OrtApi&, const OrtKernelInfo* info) {
@@ -44,31 +101,31 @@ struct SelectiveScanKernel {
   }
   void Compute(OrtKernelContext* raw) {
     Ort::KernelContext ctx(raw);
-    auto u = ctx.GetInput(0);
-    const auto shape = u.GetTensorTypeAndShapeInfo().GetShape();  // (b, d, l)
-    auto B = ctx.GetInput(3);
-    const auto b_shape = B.GetTensorTypeAndShapeInfo().GetShape();  // (b, g, n, l)
-    const int64_t batch = shape[0], dim = shape[1], length = shape[2];
-    const int64_t groups = b_shape[1], dstate = b_shape[2];
-    auto out = ctx.GetOutput(0, shape);
+    const Inputs in(ctx, "SelectiveScan", 9);
+    const Shape u = in.expect(0, "u", {kAny, kAny, kAny}, "(b, d, l)");
+    const int64_t batch = u[0], dim = u[1], length = u[2];
+    const int64_t dstate = in.expect(2, "A", {dim, kAny}, "(d, n)")[1];
+    const int64_t groups = in.expect(3, "B", {batch, kAny, dstate, length}, "(b, g, n, l)")[1];
+    in.expect(4, "C", {batch, groups, dstate, length}, "(b, g, n, l) with B's g");
+    in.expect(1, "delta", u, "(b, d, l)");
+    in.expect(5, "D", {dim}, "(d,)");
+    if (has_z) in.expect(6, "z", u, "(b, d, l)");
+    in.expect(7, "delta_bias", {dim}, "(d,)");
+    in.expect(8, "initial_state", {batch, dim, dstate}, "(b, d, n)");
+    in.require(
+        ssmcc::check_scan("ssmcc.SelectiveScan", batch, dim, length, groups, groups, dstate));
+    auto out = ctx.GetOutput(0, u);
     auto last = ctx.GetOutput(1, {batch, dim, dstate});
     std::vector<float> Bt(batch * groups * dstate * length), Ct(Bt.size());
-    ssmcc::transpose_state_length(B.GetTensorData<float>(), Bt.data(), batch * groups, dstate,
-                                  length);
-    ssmcc::transpose_state_length(ctx.GetInput(4).GetTensorData<float>(), Ct.data(),
-                                  batch * groups, dstate, length);
-    ssmcc::ScanArgs args{u.GetTensorData<float>(),
-                         ctx.GetInput(1).GetTensorData<float>(),
-                         ctx.GetInput(2).GetTensorData<float>(),
-                         Bt.data(),
-                         Ct.data(),
-                         ctx.GetInput(5).GetTensorData<float>(),
-                         has_z ? ctx.GetInput(6).GetTensorData<float>() : nullptr,
-                         ctx.GetInput(7).GetTensorData<float>(),
-                         ctx.GetInput(8).GetTensorData<float>(),
-                         out.GetTensorMutableData<float>(),
-                         last.GetTensorMutableData<float>(),
-                         batch, dim, length, groups, dstate, softplus != 0};
+    ssmcc::transpose_state_length(in.data(3), Bt.data(), batch * groups, dstate, length);
+    ssmcc::transpose_state_length(in.data(4), Ct.data(), batch * groups, dstate, length);
+    ssmcc::ScanArgs args{};
+    args.u = in.data(0), args.delta = in.data(1), args.A = in.data(2), args.D = in.data(5);
+    args.z = has_z ? in.data(6) : nullptr, args.delta_bias = in.data(7);
+    args.h0 = in.data(8), args.Bt = Bt.data(), args.Ct = Ct.data();
+    args.out = out.GetTensorMutableData<float>(), args.last = last.GetTensorMutableData<float>();
+    args.batch = batch, args.dim = dim, args.length = length, args.groups_b = groups;
+    args.groups_c = groups, args.dstate = dstate, args.softplus = softplus != 0;
     parallel_rows<ssmcc::ScanArgs, ssmcc::selective_scan_rows>(raw, args, batch * dim);
   }
 };
@@ -80,20 +137,19 @@ struct CausalConv1dKernel {
   }
   void Compute(OrtKernelContext* raw) {
     Ort::KernelContext ctx(raw);
-    auto x = ctx.GetInput(0);
-    const auto shape = x.GetTensorTypeAndShapeInfo().GetShape();  // (b, d, l)
-    auto weight = ctx.GetInput(1);
-    const int64_t width = weight.GetTensorTypeAndShapeInfo().GetShape()[1];
-    auto out = ctx.GetOutput(0, shape);
-    auto final_state = ctx.GetOutput(1, {shape[0], shape[1], width - 1});
-    ssmcc::ConvArgs args{x.GetTensorData<float>(),
-                         weight.GetTensorData<float>(),
-                         ctx.GetInput(2).GetTensorData<float>(),
-                         ctx.GetInput(3).GetTensorData<float>(),
+    const Inputs in(ctx, "CausalConv1d", 4);
+    const Shape x = in.expect(0, "x", {kAny, kAny, kAny}, "(b, d, l)");
+    const int64_t width = in.expect(1, "weight", {x[1], kAny}, "(d, k)")[1];
+    in.require(ssmcc::check_conv("ssmcc.CausalConv1d", x[0], x[1], x[2], width));
+    in.expect(2, "bias", {x[1]}, "(d,)");
+    in.expect(3, "initial_state", {x[0], x[1], width - 1}, "(b, d, k-1)");
+    auto out = ctx.GetOutput(0, x);
+    auto final_state = ctx.GetOutput(1, {x[0], x[1], width - 1});
+    ssmcc::ConvArgs args{in.data(0), in.data(1), in.data(2), in.data(3),
                          out.GetTensorMutableData<float>(),
                          final_state.GetTensorMutableData<float>(),
-                         shape[0], shape[1], shape[2], width, activation == 1};
-    parallel_rows<ssmcc::ConvArgs, ssmcc::causal_conv1d_rows>(raw, args, shape[0] * shape[1]);
+                         x[0], x[1], x[2], width, activation == 1};
+    parallel_rows<ssmcc::ConvArgs, ssmcc::causal_conv1d_rows>(raw, args, x[0] * x[1]);
   }
 };
 
@@ -106,26 +162,30 @@ struct SelectiveStateUpdateKernel {
   }
   void Compute(OrtKernelContext* raw) {
     Ort::KernelContext ctx(raw);
-    auto state = ctx.GetInput(0);
-    const auto shape = state.GetTensorTypeAndShapeInfo().GetShape();  // (b, d, n)
-    auto B = ctx.GetInput(4);
-    const int64_t groups = B.GetTensorTypeAndShapeInfo().GetShape()[1];
-    auto out = ctx.GetOutput(0, {shape[0], shape[1]});
-    auto new_state = ctx.GetOutput(1, shape);
-    ssmcc::StepArgs args{state.GetTensorData<float>(),
-                         ctx.GetInput(1).GetTensorData<float>(),
-                         ctx.GetInput(2).GetTensorData<float>(),
-                         ctx.GetInput(3).GetTensorData<float>(),
-                         B.GetTensorData<float>(),
-                         ctx.GetInput(5).GetTensorData<float>(),
-                         ctx.GetInput(6).GetTensorData<float>(),
-                         has_z ? ctx.GetInput(7).GetTensorData<float>() : nullptr,
-                         ctx.GetInput(8).GetTensorData<float>(),
-                         out.GetTensorMutableData<float>(),
-                         new_state.GetTensorMutableData<float>(),
-                         shape[0], shape[1], groups, shape[2], softplus != 0};
-    parallel_rows<ssmcc::StepArgs, ssmcc::selective_state_update_rows>(raw, args,
-                                                                       shape[0] * shape[1]);
+    const Inputs in(ctx, "SelectiveStateUpdate", 9);
+    const Shape state = in.expect(0, "state", {kAny, kAny, kAny}, "(b, d, n)");
+    const int64_t batch = state[0], dim = state[1], dstate = state[2];
+    in.expect(1, "x", {batch, dim}, "(b, d)");
+    in.expect(2, "dt", {batch, dim}, "(b, d)");
+    in.expect(3, "A", {dim, dstate}, "(d, n)");
+    const int64_t groups = in.expect(4, "B", {batch, kAny, dstate}, "(b, g, n)")[1];
+    in.expect(5, "C", {batch, groups, dstate}, "(b, g, n) with B's g");
+    in.expect(6, "D", {dim}, "(d,)");
+    if (has_z) in.expect(7, "z", {batch, dim}, "(b, d)");
+    in.expect(8, "dt_bias", {dim}, "(d,)");
+    in.require(
+        ssmcc::check_scan("ssmcc.SelectiveStateUpdate", batch, dim, 1, groups, groups, dstate));
+    auto out = ctx.GetOutput(0, {batch, dim});
+    auto new_state = ctx.GetOutput(1, state);
+    ssmcc::StepArgs args{};
+    args.state = in.data(0), args.x = in.data(1), args.dt = in.data(2), args.A = in.data(3);
+    args.B = in.data(4), args.C = in.data(5), args.D = in.data(6);
+    args.z = has_z ? in.data(7) : nullptr, args.dt_bias = in.data(8);
+    args.out = out.GetTensorMutableData<float>();
+    args.new_state = new_state.GetTensorMutableData<float>();
+    args.batch = batch, args.dim = dim, args.groups_b = groups, args.groups_c = groups;
+    args.dstate = dstate, args.softplus = softplus != 0;
+    parallel_rows<ssmcc::StepArgs, ssmcc::selective_state_update_rows>(raw, args, batch * dim);
   }
 };
 
@@ -136,30 +196,35 @@ struct CausalConv1dUpdateKernel {
   }
   void Compute(OrtKernelContext* raw) {
     Ort::KernelContext ctx(raw);
-    auto x = ctx.GetInput(0);
-    const auto shape = x.GetTensorTypeAndShapeInfo().GetShape();  // (b, d)
-    auto conv_state = ctx.GetInput(1);
-    const auto state_shape = conv_state.GetTensorTypeAndShapeInfo().GetShape();
-    auto out = ctx.GetOutput(0, shape);
-    auto new_state = ctx.GetOutput(1, state_shape);
-    ssmcc::ConvStepArgs args{x.GetTensorData<float>(),
-                             conv_state.GetTensorData<float>(),
-                             ctx.GetInput(2).GetTensorData<float>(),
-                             ctx.GetInput(3).GetTensorData<float>(),
+    const Inputs in(ctx, "CausalConv1dUpdate", 4);
+    const Shape x = in.expect(0, "x", {kAny, kAny}, "(b, d)");
+    const int64_t width = in.expect(2, "weight", {x[1], kAny}, "(d, k)")[1];
+    in.require(ssmcc::check_conv("ssmcc.CausalConv1dUpdate", x[0], x[1], 1, width));
+    const Shape state = in.expect(1, "conv_state", {x[0], x[1], width - 1}, "(b, d, k-1)");
+    in.expect(3, "bias", {x[1]}, "(d,)");
+    auto out = ctx.GetOutput(0, x);
+    auto new_state = ctx.GetOutput(1, state);
+    ssmcc::ConvStepArgs args{in.data(0), in.data(1), in.data(2), in.data(3),
                              out.GetTensorMutableData<float>(),
                              new_state.GetTensorMutableData<float>(),
-                             shape[0], shape[1], state_shape[2] + 1, activation == 1};
-    parallel_rows<ssmcc::ConvStepArgs, ssmcc::causal_conv1d_update_rows>(raw, args,
-                                                                         shape[0] * shape[1]);
+                             x[0], x[1], width, activation == 1};
+    parallel_rows<ssmcc::ConvStepArgs, ssmcc::causal_conv1d_update_rows>(raw, args, x[0] * x[1]);
   }
 };
 
+// A float op whose kernel errors (bad shapes, allocation failures) become ORT statuses: nothing
+// is thrown across ORT's C API.
 template <typename Kernel, int Inputs, int Outputs>
-struct FloatOp : Ort::CustomOpBase<FloatOp<Kernel, Inputs, Outputs>, Kernel> {
+struct FloatOp : Ort::CustomOpBase<FloatOp<Kernel, Inputs, Outputs>, Kernel, true> {
   const char* name;
   explicit FloatOp(const char* op_name) : name(op_name) {}
-  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const {
-    return new Kernel(api, info);
+  OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
+    try {
+      *kernel = new Kernel(api, info);
+      return nullptr;
+    } catch (const std::exception& error) {
+      return api.CreateStatus(ORT_INVALID_ARGUMENT, error.what());
+    }
   }
   const char* GetName() const { return name; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
@@ -173,10 +238,25 @@ struct FloatOp : Ort::CustomOpBase<FloatOp<Kernel, Inputs, Outputs>, Kernel> {
   }
 };
 
-const FloatOp<SelectiveScanKernel, 9, 2> kSelectiveScan("SelectiveScan");
-const FloatOp<CausalConv1dKernel, 4, 2> kCausalConv1d("CausalConv1d");
-const FloatOp<SelectiveStateUpdateKernel, 9, 2> kSelectiveStateUpdate("SelectiveStateUpdate");
-const FloatOp<CausalConv1dUpdateKernel, 4, 2> kCausalConv1dUpdate("CausalConv1dUpdate");
+// Kernel::Compute behind ComputeV2: an exception becomes an ORT_INVALID_ARGUMENT status.
+template <typename Kernel>
+struct Checked : Kernel {
+  using Kernel::Kernel;
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+    try {
+      Kernel::Compute(context);
+      return nullptr;
+    } catch (const std::exception& error) {
+      return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, error.what());
+    }
+  }
+};
+
+const FloatOp<Checked<SelectiveScanKernel>, 9, 2> kSelectiveScan("SelectiveScan");
+const FloatOp<Checked<CausalConv1dKernel>, 4, 2> kCausalConv1d("CausalConv1d");
+const FloatOp<Checked<SelectiveStateUpdateKernel>, 9, 2> kSelectiveStateUpdate(
+    "SelectiveStateUpdate");
+const FloatOp<Checked<CausalConv1dUpdateKernel>, 4, 2> kCausalConv1dUpdate("CausalConv1dUpdate");
 
 std::mutex registry_mutex;
 std::vector<std::unique_ptr<Ort::CustomOpDomain>>& domains() {

@@ -1,16 +1,19 @@
 // ssmcc CPU kernels: float32, contiguous, one function per op over a range of rows
 // (row = batch * dim + channel), so each binding chooses its own threading.
 //
-// selective_scan (math: ssmcc/ops/selective_scan.py), per row with group g = c / (dim / groups):
+// selective_scan (math: ssmcc/ops/selective_scan.py), per row, with B's group of channel c
+// gb = c / (dim / groups_b) and C's gc = c / (dim / groups_c) (B and C are grouped independently):
 //   dt_t = delta_t + delta_bias;  dt_t = softplus(dt_t) if softplus   (softplus(x) = x for x > 20)
-//   h_t[i] = exp(dt_t * A[c,i]) * h_{t-1}[i] + dt_t * u_t * B_t[g,i]
-//   y_t = sum_i C_t[g,i] h_t[i] + D[c] u_t;   y_t *= silu(z_t) if z
+//   h_t[i] = exp(dt_t * A[c,i]) * h_{t-1}[i] + dt_t * u_t * B_t[gb,i]
+//   y_t = sum_i C_t[gc,i] h_t[i] + D[c] u_t;   y_t *= silu(z_t) if z
 // B and C arrive transposed to (batch, groups, length, state) so the state loop is contiguous and
 // vectorises (with -ffast-math GCC calls glibc's vector expf); softplus, the D skip and the gate
 // run in separate loops over t, which vectorise too.
 // causal_conv1d: out_t = act(bias + sum_j w[j] xs[t + j]), xs = (state[k-1], x[l]); the final
 // state is the last k-1 entries of xs. The *_update kernels are the one-step forms.
 // Optional pointers (D, z, delta_bias, h0, bias, state) may be null: zero / no gate.
+// The sizes must satisfy the input contracts of contracts.h (every binding checks them first):
+// then no index below leaves its buffer.
 #pragma once
 
 #include <cmath>
@@ -26,9 +29,10 @@ inline float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); 
 inline float silu(float x) { return x / (1.f + std::exp(-x)); }
 
 struct ScanArgs {
-  const float *u, *delta, *A, *Bt, *Ct, *D, *z, *delta_bias, *h0;  // Bt, Ct: (b, g, l, n)
+  const float *u, *delta, *A, *D, *z, *delta_bias, *h0;
+  const float *Bt, *Ct;  // (b, groups_b, l, n), (b, groups_c, l, n)
   float *out, *last;
-  int64_t batch, dim, length, groups, dstate;
+  int64_t batch, dim, length, groups_b, groups_c, dstate;
   bool softplus;
 };
 
@@ -43,16 +47,17 @@ inline float softplus_vectorizable(float x) {
 template <int64_t kState>
 inline void selective_scan_rows_impl(const ScanArgs& a, int64_t row_begin, int64_t row_end) {
   const int64_t n_state = kState > 0 ? kState : a.dstate, length = a.length;
-  const int64_t per_group = a.dim / a.groups;
+  const int64_t per_group_b = a.dim / a.groups_b, per_group_c = a.dim / a.groups_c;
   float h_fixed[kState > 0 ? kState : 1];
   std::vector<float> h_any(kState > 0 ? 0 : n_state), dt_row(length), y_row(length);
   for (int64_t row = row_begin; row < row_end; ++row) {
-    const int64_t b = row / a.dim, c = row % a.dim, g = c / per_group;
+    const int64_t b = row / a.dim, c = row % a.dim;
+    const int64_t gb = c / per_group_b, gc = c / per_group_c;
     const float* A = a.A + c * n_state;
     const float* u = a.u + row * length;
     const float* delta = a.delta + row * length;
-    const float* Bs = a.Bt + (b * a.groups + g) * length * n_state;
-    const float* Cs = a.Ct + (b * a.groups + g) * length * n_state;
+    const float* Bs = a.Bt + (b * a.groups_b + gb) * length * n_state;
+    const float* Cs = a.Ct + (b * a.groups_c + gc) * length * n_state;
     const float bias = a.delta_bias ? a.delta_bias[c] : 0.f;
     float* dt = dt_row.data();
     float* y = y_row.data();
@@ -147,16 +152,17 @@ inline void causal_conv1d_rows(const ConvArgs& a, int64_t row_begin, int64_t row
 }
 
 struct StepArgs {
-  const float *state, *x, *dt, *A, *B, *C, *D, *z, *dt_bias;  // B, C: (b, g, n)
+  const float *state, *x, *dt, *A, *B, *C, *D, *z, *dt_bias;  // B (b, gb, n), C (b, gc, n)
   float *out, *new_state;
-  int64_t batch, dim, groups, dstate;
+  int64_t batch, dim, groups_b, groups_c, dstate;
   bool softplus;
 };
 
 using tuning::kStepBlock;
 
 inline void selective_state_update_rows(const StepArgs& a, int64_t row_begin, int64_t row_end) {
-  const int64_t n_state = a.dstate, per_group = a.dim / a.groups;
+  const int64_t n_state = a.dstate;
+  const int64_t per_group_b = a.dim / a.groups_b, per_group_c = a.dim / a.groups_c;
   float dt_block[kStepBlock], gate_block[kStepBlock];
   for (int64_t first = row_begin; first < row_end; first += kStepBlock) {
     const int64_t count = std::min(kStepBlock, row_end - first);
@@ -170,11 +176,11 @@ inline void selective_state_update_rows(const StepArgs& a, int64_t row_begin, in
         gate_block[r] = zv / (1.f + std::exp(-zv));
       }
     for (int64_t r = 0; r < count; ++r) {
-      const int64_t row = first + r, b = row / a.dim, c = row % a.dim, g = c / per_group;
+      const int64_t row = first + r, b = row / a.dim, c = row % a.dim;
       const float dt = dt_block[r], xv = a.x[row], du = dt * xv;
       const float* A = a.A + c * n_state;
-      const float* B = a.B + (b * a.groups + g) * n_state;
-      const float* C = a.C + (b * a.groups + g) * n_state;
+      const float* B = a.B + (b * a.groups_b + c / per_group_b) * n_state;
+      const float* C = a.C + (b * a.groups_c + c / per_group_c) * n_state;
       const float* h = a.state + row * n_state;
       float* hn = a.new_state + row * n_state;
       float y = 0.f;

@@ -3,6 +3,9 @@
 Each function checks its arguments with the op's own shape rules, makes float32 contiguous
 copies where needed, allocates the outputs and calls the kernel with ``torch.get_num_threads()``
 OpenMP threads. Outputs follow the op contract: ``out`` in the input's dtype, states float32.
+Every size passed to C++ is read from the tensor it describes, and the C++ entry points check
+the sizes against their input contract (``contracts.h``) again: a violation raises
+``RuntimeError`` with the kernel's message instead of reaching memory.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from ssmcc.ops.selective_state_update import check_selective_state_update_args
 
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
 _SIGNATURES = {
-    "ssmcc_selective_scan_f32": [_P] * 11 + [_I64] * 5 + [_I32] * 2,
+    "ssmcc_selective_scan_f32": [_P] * 11 + [_I64] * 6 + [_I32] * 2,
     "ssmcc_causal_conv1d_f32": [_P] * 6 + [_I64] * 4 + [_I32] * 2,
-    "ssmcc_selective_state_update_f32": [_P] * 11 + [_I64] * 4 + [_I32] * 2,
+    "ssmcc_selective_state_update_f32": [_P] * 11 + [_I64] * 5 + [_I32] * 2,
     "ssmcc_causal_conv1d_update_f32": [_P] * 6 + [_I64] * 3 + [_I32] * 2,
 }
 
@@ -37,7 +40,16 @@ def library() -> ctypes.CDLL | None:
     for name, argtypes in _SIGNATURES.items():
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = ctypes.c_int
+    lib.ssmcc_last_error.argtypes = []
+    lib.ssmcc_last_error.restype = ctypes.c_char_p
     return lib
+
+
+def _call(name: str, *args) -> None:
+    """Call the C entry point ``name``; its contract violation raises ``RuntimeError``."""
+    lib = library()
+    if getattr(lib, name)(*args) != 0:
+        raise RuntimeError(lib.ssmcc_last_error().decode(errors="replace"))
 
 
 def available() -> bool:
@@ -71,7 +83,8 @@ def _selective_scan(
     args = [_f32(t) for t in (u, delta, A, B4, C4, D, z, delta_bias, initial_state)]
     out = torch.empty(batch, dim, length, dtype=torch.float32)
     last = torch.empty(batch, dim, A.shape[1], dtype=torch.float32)
-    library().ssmcc_selective_scan_f32(
+    _call(
+        "ssmcc_selective_scan_f32",
         *[_ptr(t) for t in args],
         out.data_ptr(),
         last.data_ptr(),
@@ -79,6 +92,7 @@ def _selective_scan(
         dim,
         length,
         B4.shape[1],
+        C4.shape[1],
         A.shape[1],
         int(bool(delta_softplus)),
         torch.get_num_threads(),
@@ -98,7 +112,8 @@ def _causal_conv1d(x, weight, bias=None, initial_state=None, activation=None):
     args = [_f32(t) for t in (x, weight, bias, initial_state)]
     out = torch.empty(batch, dim, length, dtype=torch.float32)
     final = torch.empty(batch, dim, width - 1, dtype=torch.float32)
-    library().ssmcc_causal_conv1d_f32(
+    _call(
+        "ssmcc_causal_conv1d_f32",
         *[_ptr(t) for t in args],
         out.data_ptr(),
         final.data_ptr(),
@@ -127,13 +142,15 @@ def _selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
     args = [_f32(t) for t in (state, x, dt, A, B3, C3, D, z, dt_bias)]
     out = torch.empty(batch, dim, dtype=torch.float32)
     new_state = torch.empty(batch, dim, n, dtype=torch.float32)
-    library().ssmcc_selective_state_update_f32(
+    _call(
+        "ssmcc_selective_state_update_f32",
         *[_ptr(t) for t in args],
         out.data_ptr(),
         new_state.data_ptr(),
         batch,
         dim,
         B3.shape[1],
+        C3.shape[1],
         n,
         int(bool(dt_softplus)),
         torch.get_num_threads(),
@@ -152,7 +169,8 @@ def _causal_conv1d_update(x, conv_state, weight, bias=None, activation=None):
     args = [_f32(t) for t in (x, conv_state, weight, bias)]
     out = torch.empty(batch, dim, dtype=torch.float32)
     new_state = torch.empty_like(args[1])
-    library().ssmcc_causal_conv1d_update_f32(
+    _call(
+        "ssmcc_causal_conv1d_update_f32",
         *[_ptr(t) for t in args],
         out.data_ptr(),
         new_state.data_ptr(),

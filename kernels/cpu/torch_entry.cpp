@@ -1,13 +1,22 @@
 // C entry points of the ssmcc kernels for the torch target (called through ctypes with tensor
 // data pointers; see kernels/cpu/torch_binding.py). Rows are split over OpenMP threads.
+// Each entry checks its sizes against the input contract (contracts.h) and returns 0, or 1 with
+// the reason in ssmcc_last_error(); an exception (e.g. an allocation failure) never crosses the
+// C boundary.
 #include <omp.h>
 
+#include <exception>
+#include <string>
+
+#include "contracts.h"
 #include "ssm_kernels.h"
 
 #define SSMCC_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace {
 using ssmcc::tuning::kParallelWork;
+
+thread_local std::string last_error;
 
 template <typename Fn>
 void parallel_rows(int64_t rows, int64_t work_per_row, int threads, Fn fn) {
@@ -22,34 +31,62 @@ void parallel_rows(int64_t rows, int64_t work_per_row, int threads, Fn fn) {
     fn(begin, end);
   }
 }
+
+// Runs ``body`` when ``contract`` holds; 0 on success, 1 with ``last_error`` set otherwise.
+template <typename Body>
+int guarded(const std::string& contract, Body body) {
+  if (!contract.empty()) {
+    last_error = contract;
+    return 1;
+  }
+  try {
+    body();
+  } catch (const std::exception& error) {
+    last_error = error.what();
+    return 1;
+  }
+  return 0;
+}
 }  // namespace
+
+SSMCC_EXPORT const char* ssmcc_last_error() { return last_error.c_str(); }
 
 SSMCC_EXPORT int ssmcc_selective_scan_f32(const float* u, const float* delta, const float* A,
                                           const float* B, const float* C, const float* D,
                                           const float* z, const float* delta_bias,
                                           const float* h0, float* out, float* last, int64_t batch,
-                                          int64_t dim, int64_t length, int64_t groups,
-                                          int64_t dstate, int32_t softplus, int32_t threads) {
-  const int64_t bc_size = batch * groups * dstate * length;
-  std::vector<float> Bt(bc_size), Ct(bc_size);
-  ssmcc::transpose_state_length(B, Bt.data(), batch * groups, dstate, length);
-  ssmcc::transpose_state_length(C, Ct.data(), batch * groups, dstate, length);
-  ssmcc::ScanArgs args{u,   delta, A,     Bt.data(), Ct.data(), D,      z,      delta_bias, h0,
-                       out, last,  batch, dim,       length,    groups, dstate, softplus != 0};
-  parallel_rows(batch * dim, length * dstate, threads,
-                [&](int64_t b, int64_t e) { ssmcc::selective_scan_rows(args, b, e); });
-  return 0;
+                                          int64_t dim, int64_t length, int64_t groups_b,
+                                          int64_t groups_c, int64_t dstate, int32_t softplus,
+                                          int32_t threads) {
+  const auto contract =
+      ssmcc::check_scan("selective_scan", batch, dim, length, groups_b, groups_c, dstate);
+  return guarded(contract, [&] {
+    std::vector<float> Bt(batch * groups_b * dstate * length);
+    std::vector<float> Ct(batch * groups_c * dstate * length);
+    ssmcc::transpose_state_length(B, Bt.data(), batch * groups_b, dstate, length);
+    ssmcc::transpose_state_length(C, Ct.data(), batch * groups_c, dstate, length);
+    ssmcc::ScanArgs args{};
+    args.u = u, args.delta = delta, args.A = A, args.D = D, args.z = z;
+    args.delta_bias = delta_bias, args.h0 = h0, args.Bt = Bt.data(), args.Ct = Ct.data();
+    args.out = out, args.last = last, args.batch = batch, args.dim = dim, args.length = length;
+    args.groups_b = groups_b, args.groups_c = groups_c, args.dstate = dstate;
+    args.softplus = softplus != 0;
+    parallel_rows(batch * dim, length * dstate, threads,
+                  [&](int64_t b, int64_t e) { ssmcc::selective_scan_rows(args, b, e); });
+  });
 }
 
 SSMCC_EXPORT int ssmcc_causal_conv1d_f32(const float* x, const float* weight, const float* bias,
                                          const float* state0, float* out, float* final_state,
                                          int64_t batch, int64_t dim, int64_t length,
                                          int64_t width, int32_t silu, int32_t threads) {
-  ssmcc::ConvArgs args{x, weight, bias, state0, out, final_state, batch, dim, length, width,
-                       silu != 0};
-  parallel_rows(batch * dim, length * width, threads,
-                [&](int64_t b, int64_t e) { ssmcc::causal_conv1d_rows(args, b, e); });
-  return 0;
+  const auto contract = ssmcc::check_conv("causal_conv1d", batch, dim, length, width);
+  return guarded(contract, [&] {
+    ssmcc::ConvArgs args{x, weight, bias, state0, out, final_state, batch, dim, length, width,
+                         silu != 0};
+    parallel_rows(batch * dim, length * width, threads,
+                  [&](int64_t b, int64_t e) { ssmcc::causal_conv1d_rows(args, b, e); });
+  });
 }
 
 SSMCC_EXPORT int ssmcc_selective_state_update_f32(const float* state, const float* x,
@@ -57,13 +94,20 @@ SSMCC_EXPORT int ssmcc_selective_state_update_f32(const float* state, const floa
                                                   const float* C, const float* D, const float* z,
                                                   const float* dt_bias, float* out,
                                                   float* new_state, int64_t batch, int64_t dim,
-                                                  int64_t groups, int64_t dstate,
-                                                  int32_t softplus, int32_t threads) {
-  ssmcc::StepArgs args{state, x,         dt,    A,   B,      C,      D,           z,
-                       dt_bias, out,     new_state, batch, dim, groups, dstate, softplus != 0};
-  parallel_rows(batch * dim, dstate, threads,
-                [&](int64_t b, int64_t e) { ssmcc::selective_state_update_rows(args, b, e); });
-  return 0;
+                                                  int64_t groups_b, int64_t groups_c,
+                                                  int64_t dstate, int32_t softplus,
+                                                  int32_t threads) {
+  const auto contract =
+      ssmcc::check_scan("selective_state_update", batch, dim, 1, groups_b, groups_c, dstate);
+  return guarded(contract, [&] {
+    ssmcc::StepArgs args{};
+    args.state = state, args.x = x, args.dt = dt, args.A = A, args.B = B, args.C = C;
+    args.D = D, args.z = z, args.dt_bias = dt_bias, args.out = out, args.new_state = new_state;
+    args.batch = batch, args.dim = dim, args.groups_b = groups_b, args.groups_c = groups_c;
+    args.dstate = dstate, args.softplus = softplus != 0;
+    parallel_rows(batch * dim, dstate, threads,
+                  [&](int64_t b, int64_t e) { ssmcc::selective_state_update_rows(args, b, e); });
+  });
 }
 
 SSMCC_EXPORT int ssmcc_causal_conv1d_update_f32(const float* x, const float* state,
@@ -71,8 +115,11 @@ SSMCC_EXPORT int ssmcc_causal_conv1d_update_f32(const float* x, const float* sta
                                                 float* out, float* new_state, int64_t batch,
                                                 int64_t dim, int64_t width, int32_t silu,
                                                 int32_t threads) {
-  ssmcc::ConvStepArgs args{x, state, weight, bias, out, new_state, batch, dim, width, silu != 0};
-  parallel_rows(batch * dim, width, threads,
-                [&](int64_t b, int64_t e) { ssmcc::causal_conv1d_update_rows(args, b, e); });
-  return 0;
+  const auto contract = ssmcc::check_conv("causal_conv1d_update", batch, dim, 1, width);
+  return guarded(contract, [&] {
+    ssmcc::ConvStepArgs args{x, state, weight, bias, out, new_state, batch, dim, width,
+                             silu != 0};
+    parallel_rows(batch * dim, width, threads,
+                  [&](int64_t b, int64_t e) { ssmcc::causal_conv1d_update_rows(args, b, e); });
+  });
 }

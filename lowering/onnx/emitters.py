@@ -2,11 +2,14 @@
 
 Each emitter is a torch.onnx translation function (traced by onnxscript): it normalises the op's
 arguments to the fixed-arity ONNX form of ``schemas.py`` — zeros for absent ``D``, ``delta_bias``,
-``bias`` and states, B/C as (b, g, n, l), ``has_z``/``activation`` attributes — and emits exactly
-one custom node. The table ``ONNX_TABLE`` maps op name -> emitter.
+``bias`` and states, B/C as (b, g, n, l) with one group count (``_common_groups``),
+``has_z``/``activation`` attributes — and emits exactly one custom node. The table
+``ONNX_TABLE`` maps op name -> emitter.
 """
 
 from __future__ import annotations
+
+import math
 
 import onnx
 import onnxscript
@@ -29,9 +32,37 @@ def _dim(tensor, axis: int):
     return op.Shape(tensor, start=axis, end=axis + 1)
 
 
-def _grouped(tensor):
-    """(b, n, l) -> (b, 1, n, l); (b, g, n, l) unchanged."""
-    return op.Unsqueeze(tensor, [1]) if len(tensor.shape) == 3 else tensor
+def _groups(tensor, grouped_rank: int):
+    """The group count of B or C: 1 when shared (rank ``grouped_rank - 1``), else dim 1 (an int,
+    or a symbolic dim when the program left it dynamic)."""
+    return 1 if len(tensor.shape) == grouped_rank - 1 else tensor.shape[1]
+
+
+def _regroup(tensor, groups, target):
+    """Grouped B or C (b, g, n, ...) as ``target`` groups, a multiple of ``groups`` (both 1-element
+    int64 tensors): each group repeated target / g times, so channel c still reads the group
+    c // (d / g)."""
+    batch, rest = op.Shape(tensor, start=0, end=1), op.Shape(tensor, start=2)
+    spread = op.Unsqueeze(tensor, [2])  # (b, g, 1, n, ...)
+    repeated = op.Expand(spread, op.Concat(batch, groups, op.Div(target, groups), rest, axis=0))
+    return op.Reshape(repeated, op.Concat(batch, target, rest, axis=0))
+
+
+def _common_groups(B, C, A, grouped_rank: int):
+    """B and C as (b, g, n, ...) with one group count g, as the ssmcc ONNX ops take them.
+
+    The same count (or the same symbolic dim): kept. Two static counts: their least common
+    multiple (it divides d, as both do). Otherwise one group per channel (d, from A (d, n)).
+    So B and C may be grouped independently in the IR."""
+    groups_b, groups_c = _groups(B, grouped_rank), _groups(C, grouped_rank)
+    B, C = (op.Unsqueeze(t, [1]) if len(t.shape) == grouped_rank - 1 else t for t in (B, C))
+    if groups_b == groups_c:
+        return B, C
+    if isinstance(groups_b, int) and isinstance(groups_c, int):
+        target = op.Constant(value_ints=[math.lcm(groups_b, groups_c)])
+    else:
+        target = _dim(A, 0)
+    return _regroup(B, _dim(B, 1), target), _regroup(C, _dim(C, 1), target)
 
 
 def emit_selective_scan(
@@ -44,12 +75,13 @@ def emit_selective_scan(
     if initial_state is None:
         initial_state = _zeros(_dim(u, 0), _dim(u, 1), _dim(A, 1))
     has_z = z is not None
+    B, C = _common_groups(B, C, A, grouped_rank=4)
     return SSMCC.SelectiveScan(
         u,
         delta,
         A,
-        _grouped(B),
-        _grouped(C),
+        B,
+        C,
         D,
         z if has_z else u,
         delta_bias,
@@ -78,15 +110,15 @@ def emit_selective_state_update(
         D = _zeros(_dim(A, 0))
     if dt_bias is None:
         dt_bias = _zeros(_dim(A, 0))
-    grouped = lambda t: op.Unsqueeze(t, [1]) if len(t.shape) == 2 else t  # noqa: E731
     has_z = z is not None
+    B, C = _common_groups(B, C, A, grouped_rank=3)
     return SSMCC.SelectiveStateUpdate(
         state,
         x,
         dt,
         A,
-        grouped(B),
-        grouped(C),
+        B,
+        C,
         D,
         z if has_z else x,
         dt_bias,

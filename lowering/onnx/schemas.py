@@ -16,6 +16,9 @@ gate. Shapes (b batch, d channels, l length, g groups, n state, k conv width)::
     CausalConv1dUpdate(x[b,d], conv_state[b,d,k-1], weight[d,k], bias[d]; activation)
         -> out[b,d], new_state[b,d,k-1]
 
+B and C share one group count g, which divides d (channel c reads group c // (d / g)); the
+emitters bring IR ops whose B and C are grouped differently to a common count. The ssmcc ORT
+kernels check every input's shape against these and fail the run naming the input otherwise.
 ``activation``: 0 identity, 1 silu. Registration is process-wide and idempotent.
 """
 
@@ -51,7 +54,7 @@ SCHEMAS = [
                 ("delta", "(b, d, l)"),
                 ("A", "(d, n)"),
                 ("B", "(b, g, n, l)"),
-                ("C", "(b, g, n, l)"),
+                ("C", "(b, g, n, l), the g of B"),
                 ("D", "(d,)"),
                 ("z", "(b, d, l); ignored when has_z = 0"),
                 ("delta_bias", "(d,)"),
@@ -98,7 +101,7 @@ SCHEMAS += [
                 ("dt", "(b, d)"),
                 ("A", "(d, n)"),
                 ("B", "(b, g, n)"),
-                ("C", "(b, g, n)"),
+                ("C", "(b, g, n), the g of B"),
                 ("D", "(d,)"),
                 ("z", "(b, d); ignored when has_z = 0"),
                 ("dt_bias", "(d,)"),

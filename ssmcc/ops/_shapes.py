@@ -15,7 +15,19 @@ def expect(condition, op: str, message: str) -> None:
     torch._check(condition, lambda: f"ssmcc.{op}: {message}")
 
 
+def expect_real_float(op: str, name: str, tensor: Tensor) -> None:
+    """A real floating-point tensor: an integer tensor has no meaning here and a complex one
+    would lose its imaginary part in the float32 computation, so both are refused."""
+    expect(
+        tensor.dtype.is_floating_point,
+        op,
+        f"{name} must be a real floating-point tensor (float32, bfloat16, float16, float64), "
+        f"got dtype {tensor.dtype}",
+    )
+
+
 def expect_rank(op: str, name: str, tensor: Tensor, ranks: tuple[int, ...], layout: str) -> None:
+    expect_real_float(op, name, tensor)
     expect(
         tensor.dim() in ranks,
         op,
@@ -34,6 +46,7 @@ def expect_vector(op: str, name: str, tensor: Tensor | None, dim) -> None:
 def expect_same_shape(op: str, name: str, tensor: Tensor | None, shape, layout: str) -> None:
     if tensor is None:
         return
+    expect_real_float(op, name, tensor)
     expect(
         tensor.dim() == len(shape)
         and all(a == b for a, b in zip(tensor.shape, shape, strict=False)),

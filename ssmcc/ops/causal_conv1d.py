@@ -37,6 +37,7 @@ from ssmcc.ops.contracts import StateContract, register_state_contract
 def _check_weight(op: str, weight: Tensor, dim) -> None:
     expect_rank(op, "weight", weight, (2,), "(dim, kernel_width)")
     expect(weight.shape[0] == dim, op, f"weight has {weight.shape[0]} rows, expected dim={dim}")
+    expect(weight.shape[1] >= 1, op, f"weight has kernel width {weight.shape[1]}, expected >= 1")
 
 
 def check_causal_conv1d_args(x, weight, bias, initial_state) -> None:
@@ -83,6 +84,9 @@ def causal_conv1d_ref(
     else:
         previous = initial_state.float()
     xs = torch.cat([previous, x.float()], dim=-1)
+    if x.shape[-1] == 0:  # no position to compute; the state passes through unchanged
+        uses_silu("causal_conv1d", activation)
+        return x.new_empty(batch, dim, 0), previous.contiguous()
     out = apply_activation("causal_conv1d", _convolve(xs, weight, bias), activation)
     final_state = xs[:, :, xs.shape[-1] - (width - 1) :].contiguous()
     return out.to(x.dtype), final_state

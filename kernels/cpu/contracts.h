@@ -1,0 +1,57 @@
+// Input contracts of the ssmcc CPU kernels, stated once. Every binding derives the sizes below
+// from its tensors and calls the matching check before a kernel runs: the torch entry points
+// (torch_entry.cpp: the sizes ctypes passes) and the ONNX Runtime kernels (ort_ops.cpp: the
+// sizes read from each input's shape, every input checked against them). A check returns an
+// empty string when the sizes are consistent, else a message naming the argument; the kernels of
+// ssm_kernels.h index only within buffers of these sizes.
+//
+//   selective_scan          u, delta, z (b, d, l); A (d, n); B (b, gb, n, l); C (b, gc, n, l);
+//                           D, delta_bias (d); h0 (b, d, n);   gb and gc each divide d
+//   selective_state_update  state (b, d, n); x, dt, z (b, d); A (d, n); B (b, gb, n);
+//                           C (b, gc, n); D, dt_bias (d);      gb and gc each divide d
+//   causal_conv1d           x (b, d, l); weight (d, k); bias (d); state (b, d, k-1);   k >= 1
+//   causal_conv1d_update    x (b, d); state (b, d, k-1); weight (d, k); bias (d);       k >= 1
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+namespace ssmcc {
+
+inline std::string check_nonnegative(const char* op, const char* what, int64_t value) {
+  if (value >= 0) return "";
+  return std::string(op) + ": " + what + " is " + std::to_string(value) + ", expected >= 0";
+}
+
+inline std::string check_groups(const char* op, const char* name, int64_t groups, int64_t dim) {
+  if (groups >= 1 && dim % groups == 0) return "";
+  return std::string(op) + ": " + name + " has " + std::to_string(groups) +
+         " groups, which does not divide dim=" + std::to_string(dim);
+}
+
+inline std::string first_error(std::initializer_list<std::string> errors) {
+  for (const auto& error : errors)
+    if (!error.empty()) return error;
+  return "";
+}
+
+inline std::string check_scan(const char* op, int64_t batch, int64_t dim, int64_t length,
+                              int64_t groups_b, int64_t groups_c, int64_t dstate) {
+  return first_error({check_nonnegative(op, "batch", batch), check_nonnegative(op, "dim", dim),
+                      check_nonnegative(op, "length", length),
+                      check_nonnegative(op, "state size", dstate),
+                      check_groups(op, "B", groups_b, dim), check_groups(op, "C", groups_c, dim)});
+}
+
+inline std::string check_conv(const char* op, int64_t batch, int64_t dim, int64_t length,
+                              int64_t width) {
+  std::string error = first_error({check_nonnegative(op, "batch", batch),
+                                   check_nonnegative(op, "dim", dim),
+                                   check_nonnegative(op, "length", length)});
+  if (error.empty() && width < 1)
+    error = std::string(op) + ": kernel width is " + std::to_string(width) + ", expected >= 1";
+  return error;
+}
+
+}  // namespace ssmcc

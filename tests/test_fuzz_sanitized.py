@@ -1,0 +1,79 @@
+"""The fuzz corpus once more against kernels built with ``-fsanitize=address,undefined``.
+
+Value comparisons cannot see a read past the end of a buffer that happens to hold plausible
+numbers; AddressSanitizer can. The C++ kernel path and the ORT library path run in a fresh
+process with ``SSMCC_SANITIZE=1`` (kernels rebuilt with the sanitizers into their own cache
+entries) and the sanitizer runtimes preloaded; any report aborts that process.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from .test_fuzz_kernels import DEFAULT_CASES, SLOW_CASES
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _runtime(name: str) -> str | None:
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None:
+        return None
+    found = subprocess.run(
+        [compiler, f"-print-file-name={name}"], capture_output=True, text=True
+    ).stdout.strip()
+    return found if os.path.isabs(found) and os.path.exists(found) else None
+
+
+def _sanitized(*command: str) -> subprocess.CompletedProcess:
+    """``python command...`` with the sanitizer-built kernels and runtimes."""
+    runtimes = [_runtime("libasan.so"), _runtime("libubsan.so")]
+    assert all(runtimes), "g++ ships no sanitizer runtimes here"
+    env = dict(
+        os.environ,
+        SSMCC_SANITIZE="1",
+        LD_PRELOAD=":".join(runtimes),
+        ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1",
+        UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
+    )
+    return subprocess.run(
+        [sys.executable, *command], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800
+    )
+
+
+# A kernel told its input is twice as long as the buffer: the control that the run can fail.
+_OVERREAD = """
+import torch
+from ssmcc.kernels.cpu import torch_binding
+x, w = torch.ones(1, 1, 4), torch.ones(1, 2)
+out, state = torch.empty(1, 1, 8), torch.empty(1, 1, 1)
+torch_binding.library().ssmcc_causal_conv1d_f32(
+    x.data_ptr(), w.data_ptr(), None, None, out.data_ptr(), state.data_ptr(), 1, 1, 8, 2, 0, 1
+)
+print("not caught")
+"""
+
+
+@pytest.mark.slow
+def test_the_sanitizer_catches_an_out_of_bounds_read():
+    done = _sanitized("-c", _OVERREAD)
+    assert done.returncode != 0 and "heap-buffer-overflow" in done.stderr, done.stderr[-2000:]
+    assert "not caught" not in done.stdout
+
+
+@pytest.mark.slow
+def test_fuzz_corpus_under_sanitizers():
+    cases = str(DEFAULT_CASES + SLOW_CASES)
+    done = _sanitized(
+        "-m", "tests.fuzzing", "--paths", "cpp,ort-lib", "--cases", cases, "--no-compare"
+    )
+    report = (done.stdout + done.stderr)[-4000:]
+    assert done.returncode == 0, report
+    assert "AddressSanitizer" not in done.stderr and "runtime error" not in done.stderr, report
+    assert "sanitized: True" in done.stdout, report  # the instrumented libraries ran
+    assert "fuzz: 0 failure(s)" in done.stdout, report
