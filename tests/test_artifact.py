@@ -78,12 +78,28 @@ def test_truncated_file_is_named(saved, tmp_path):
         ssmcc.load(folder)
 
 
-def test_unverified_corrupt_graph_is_named_when_first_used(saved, tmp_path):
-    """Sessions open on first use; a graph ORT cannot read is named then."""
+def test_unverified_unreadable_graph_is_named_on_load(saved, tmp_path):
     folder = _copy(saved[1], tmp_path / "f")
     path = os.path.join(folder, "step.onnx")
     size = os.path.getsize(path)
     open(path, "wb").write(b"\xff" * size)
+    with pytest.raises(ArtifactError, match=r"step\.onnx is not a readable ONNX model"):
+        ssmcc.load(folder, verify=False)
+
+
+def test_unverified_graph_ort_refuses_is_named_when_first_used(saved, tmp_path):
+    """Sessions open on first use; a well-formed graph ORT cannot run is named then."""
+    import onnx
+
+    folder = _copy(saved[1], tmp_path / "g")
+    path = os.path.join(folder, "step.onnx")
+    model = onnx.load(path, load_external_data=False)
+    model.graph.node[0].op_type = "NoSuchOp"
+    onnx.save(model, path)
+    manifest_path = os.path.join(folder, "manifest.json")
+    manifest = json.load(open(manifest_path))
+    manifest["files"]["step.onnx"]["bytes"] = os.path.getsize(path)  # sizes are always checked
+    json.dump(manifest, open(manifest_path, "w"))
     loaded = ssmcc.load(folder, verify=False)
     logits, state = loaded.prefill(torch.zeros(1, 3, dtype=torch.long))
     with pytest.raises(ArtifactError, match=r"step\.onnx could not be loaded by onnxruntime"):

@@ -26,6 +26,7 @@ import torch
 from onnx import numpy_helper
 
 from ssmcc.errors import ArtifactError
+from ssmcc.lowering.artifact_checks import check_state_inputs
 from ssmcc.lowering.onnx.emitters import ONNX_TABLE, ONNX_UNSUPPORTED
 from ssmcc.lowering.onnx.export import OPSET, lower_to_onnx
 from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
@@ -217,9 +218,58 @@ def save(executable: OnnxExecutable, folder: str) -> dict:
     }
 
 
+def _tensors(graph: onnx.GraphProto):
+    """Every TensorProto of a graph: initializers and tensor attributes, subgraphs included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            if attribute.HasField("g"):
+                yield from _tensors(attribute.g)
+            for sub in attribute.graphs:
+                yield from _tensors(sub)
+
+
+def _check_graph_file(path: str, files: dict, specs: list[StateSpec], streaming: bool) -> list:
+    """The graph's inputs (as ``_describe_values``), after checking that it reads external data
+    only from the artifact's own files and that its state inputs are the manifest's states."""
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception as error:  # protobuf's own exception types
+        raise ArtifactError(f"{path} is not a readable ONNX model: {error}") from error
+    for tensor in _tensors(model.graph):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = {entry.key: entry.value for entry in tensor.external_data}.get("location")
+        if location not in files:
+            raise ArtifactError(
+                f"{path}: tensor {tensor.name!r} reads external data from {location!r}, which is "
+                "not one of the artifact's listed files"
+            )
+    if streaming:
+        inputs = [
+            (
+                value.name,
+                _TYPE_NAMES.get(value.type.tensor_type.elem_type, "other"),
+                [d.dim_value if d.HasField("dim_value") else d.dim_param for d in dims[1:]],
+            )
+            for value in model.graph.input[1:]
+            for dims in [value.type.tensor_type.shape.dim]
+        ]
+        check_state_inputs(path, specs, inputs)
+    return _describe_values(model.graph.input)
+
+
 def load(folder: str, manifest: dict, options) -> OnnxExecutable:
-    specs = [StateSpec.from_dict(s) for s in manifest.get("states", [])]
-    return OnnxExecutable(folder, manifest["graphs"], specs, options.kernels, options["threads"])
+    specs = [StateSpec.from_dict(s) for s in manifest["states"]]
+    graphs = {}
+    for name, entry in manifest["graphs"].items():
+        path = os.path.join(folder, entry["file"])
+        inputs = _check_graph_file(path, manifest["files"], specs, manifest["streaming"])
+        graphs[name] = {**entry, "inputs": inputs}  # what the file takes, not what is said of it
+    return OnnxExecutable(folder, graphs, specs, options.kernels, options["threads"])
 
 
 def native_ops() -> dict[str, str]:

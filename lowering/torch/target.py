@@ -16,8 +16,10 @@ import os
 
 import torch
 
-from ssmcc.errors import ArtifactError
+from ssmcc.errors import ArtifactError, PassError
 from ssmcc.frontend.report import ssmcc_op_counts
+from ssmcc.lowering.artifact_checks import check_state_inputs
+from ssmcc.lowering.torch.archive_check import check_archive
 from ssmcc.lowering.torch.lower import TORCH_TABLE, lower_to_torch
 from ssmcc.lowering.torch.weights import (
     bind_weights,
@@ -28,6 +30,7 @@ from ssmcc.lowering.torch.weights import (
 from ssmcc.ops import SSMCC_OPS
 from ssmcc.ops.contracts import StateSpec
 from ssmcc.passes.program_set import STATEFUL_GRAPHS, ProgramSet
+from ssmcc.passes.verifier import verify_program
 
 WEIGHTS_FILE = "weights.safetensors"
 
@@ -112,14 +115,31 @@ def save(executable: TorchExecutable, folder: str) -> dict:
     return {"graphs": graphs, "weights": WEIGHTS_FILE}
 
 
+def _state_inputs(program) -> list[tuple]:
+    """(None, dtype, dims without batch) of each user input after ``input_ids``."""
+    users = set(list(program.graph_signature.user_inputs)[1:])
+    return [
+        (
+            None,
+            str(value.dtype).removeprefix("torch."),
+            [s if isinstance(s, int) else str(s) for s in value.shape[1:]],
+        )
+        for node in program.graph.nodes
+        if node.op == "placeholder" and node.name in users
+        for value in [node.meta["val"]]
+    ]
+
+
 def load(folder: str, manifest: dict, options) -> TorchExecutable:
     weights_file = manifest.get("weights")
     if weights_file not in manifest["files"]:
         raise ArtifactError(f"{folder}: the manifest names no weights file among its files")
     stored = read_weights(os.path.join(folder, weights_file))
+    specs = [StateSpec.from_dict(s) for s in manifest["states"]]
     programs = {}
     for name, entry in manifest["graphs"].items():
         path = os.path.join(folder, entry["file"])
+        check_archive(path)
         try:
             program = torch.export.load(path)
         except Exception as error:  # torch's own exception types
@@ -127,14 +147,22 @@ def load(folder: str, manifest: dict, options) -> TorchExecutable:
             raise ArtifactError(
                 f"{path} could not be read by torch.export.load: {type(error).__name__}: {text}"
             ) from error
+        weights = entry.get("weights")
+        if not isinstance(weights, dict):
+            raise ArtifactError(f"{folder}: graphs[{name!r}].weights must map weight names")
         try:
-            bind_weights(program, {key: stored[s] for key, s in entry["weights"].items()})
+            bind_weights(program, {key: stored[s] for key, s in weights.items()})
         except KeyError as error:
             raise ArtifactError(
                 f"{path} reads the weight {error.args[0]!r}, which {weights_file} does not hold"
             ) from error
+        try:
+            verify_program(program, after=f"loading {path}")
+        except PassError as error:
+            raise ArtifactError(f"{path} is not a valid ssmcc program: {error}") from error
+        if name in STATEFUL_GRAPHS:
+            check_state_inputs(path, specs, _state_inputs(program))
         programs[name] = program
-    specs = [StateSpec.from_dict(s) for s in manifest.get("states", [])]
     restored = ProgramSet.restored(
         programs, specs, manifest.get("streaming_refusal"), manifest.get("vocab_size") is not None
     )

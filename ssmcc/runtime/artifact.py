@@ -1,28 +1,34 @@
 """Artifact directories: model files plus ``manifest.json``, written atomically, verified on load.
 
-Writing goes to a temporary sibling directory that is renamed into place only when every file and
-the manifest are complete, so a failure leaves nothing half-written. An existing directory is
-replaced only when ``overwrite`` is set. Loading checks that the manifest parses and that every
-file it lists exists with the recorded size and SHA-256; any mismatch names the file.
+Writing: every file and the manifest go to a temporary sibling ``.<name>.tmp-<writer>-<random>``
+(``<writer>`` = host, process id and process start time), which then takes the destination's
+place in one atomic exchange (``renameat2(RENAME_EXCHANGE)`` where the system has it; else two
+renames). A failure or a kill therefore never leaves a half-written artifact at the destination,
+and what it leaves beside it is removed by the next save to the same place once its writer is gone
+(a concurrent save's directory is never touched). ``overwrite=True`` replaces only an existing
+ssmcc artifact: anything else at the destination is left untouched and named in the error.
 
-The manifest is the target-independent description of a compiled model (target, model, vocab
-size, states, whether it streams, versions) plus what the target's ``save`` recorded (its graphs).
+Reading: the manifest is checked against its schema (``manifest.py``); every file it lists must
+be a regular file (not a symlink) directly inside the directory, with the recorded size and
+SHA-256. Any mismatch names the file or the field.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import hashlib
 import json
 import os
+import secrets
 import shutil
-import tempfile
+import socket
+import stat
 from collections.abc import Callable
 
 from ssmcc.errors import ArtifactError
-
-MANIFEST = "manifest.json"
-FORMAT = "ssmcc-artifact"
-FORMAT_VERSION = 2
+from ssmcc.runtime.manifest import FORMAT, FORMAT_VERSION, MANIFEST, check_manifest
 
 
 def sha256_of(path: str) -> str:
@@ -31,6 +37,121 @@ def sha256_of(path: str) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+# -- who is writing -------------------------------------------------------------------------
+def _host() -> str:
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), or None when unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _writer_tag() -> str:
+    pid = os.getpid()
+    return f"{_host()}-{pid}-{_start_time(pid) or 0}"
+
+
+def _temporary_prefix(out_dir: str) -> str:
+    return f".{os.path.basename(out_dir)}.tmp-"
+
+
+def _writer_gone(tag: str) -> bool:
+    """Whether the writer a temporary directory's tag names has exited (False when unsure)."""
+    parts = tag.split("-")
+    if len(parts) < 4 or parts[0] != _host() or not parts[1].isdigit():
+        return False  # another host's, or not ours to judge
+    pid, started = int(parts[1]), parts[2]
+    if pid == os.getpid():
+        return False
+    now = _start_time(pid)
+    if now is not None:
+        return now != started  # the pid is alive but was reused by another process
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def remove_stale_temporaries(out_dir: str) -> list[str]:
+    """Remove what killed saves to ``out_dir`` left beside it; returns the removed paths."""
+    parent, prefix = os.path.dirname(out_dir), _temporary_prefix(out_dir)
+    removed = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(parent):
+            if entry.name.startswith(prefix) and _writer_gone(entry.name[len(prefix) :]):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                removed.append(entry.path)
+    return removed
+
+
+# -- writing --------------------------------------------------------------------------------
+def is_artifact(path: str) -> bool:
+    """A directory (not a symlink) holding an ssmcc manifest, of any format version."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        return False
+    try:
+        with open(os.path.join(path, MANIFEST)) as f:
+            return json.load(f).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Atomically swap two paths (Linux ``renameat2``); False where the system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except AttributeError:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), b)
+
+
+def _replace(tmp: str, out_dir: str) -> None:
+    """Put ``tmp`` at ``out_dir``; an existing artifact there ends up in a stale temporary."""
+    if not os.path.lexists(out_dir):
+        os.rename(tmp, out_dir)
+        return
+    if not _exchange(tmp, out_dir):
+        parked = tmp + "-previous"
+        os.rename(out_dir, parked)
+        os.rename(tmp, out_dir)
+        tmp = parked
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_destination(out_dir: str, overwrite: bool) -> None:
+    if not os.path.lexists(out_dir):
+        return
+    if not overwrite:
+        raise ArtifactError(
+            f"{out_dir} already exists; pass overwrite=True (--overwrite) to replace it"
+        )
+    if not is_artifact(out_dir):
+        kind = "a file" if not os.path.isdir(out_dir) or os.path.islink(out_dir) else "a directory"
+        raise ArtifactError(
+            f"{out_dir} is {kind} that is not an ssmcc artifact (no {MANIFEST} of format "
+            f"{FORMAT!r}); overwrite=True replaces only ssmcc artifacts, so nothing was deleted. "
+            "Choose another path, or remove it yourself"
+        )
 
 
 def write_artifact(
@@ -42,13 +163,14 @@ def write_artifact(
     """Create ``out_dir`` holding what ``write_files(tmp)`` writes plus the manifest (``manifest``
     updated with the entries ``write_files`` returns); returns the manifest written."""
     out_dir = os.path.abspath(out_dir)
-    if os.path.exists(out_dir) and not overwrite:
-        raise ArtifactError(
-            f"{out_dir} already exists; pass overwrite=True (--overwrite) to replace it"
-        )
+    _check_destination(out_dir, overwrite)
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
+    remove_stale_temporaries(out_dir)
+    tmp = os.path.join(
+        parent, f"{_temporary_prefix(out_dir)}{_writer_tag()}-{secrets.token_hex(4)}"
+    )
+    os.mkdir(tmp, 0o700)
     try:
         entries = write_files(tmp) or {}
         files = {}
@@ -64,39 +186,34 @@ def write_artifact(
         }
         with open(os.path.join(tmp, MANIFEST), "w") as f:
             json.dump(manifest, f, indent=2)
-        if os.path.exists(out_dir):
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
-            os.rename(out_dir, os.path.join(old, "previous"))
-            os.rename(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out_dir)
+            f.flush()
+            os.fsync(f.fileno())
+        _check_destination(out_dir, overwrite)  # still true after the (long) write
+        _replace(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
 
 
-def artifact_file(artifact_dir: str, name) -> str:
-    """The path of the file ``name`` of an artifact: a plain name inside the directory (no
-    folder, no ``..``, not absolute), else ``ArtifactError`` naming it."""
-    if (
-        not isinstance(name, str)
-        or not name
-        or name in (".", "..")
-        or os.path.basename(name) != name
-        or "/" in name
-        or "\\" in name
-    ):
+# -- reading --------------------------------------------------------------------------------
+def artifact_file(artifact_dir: str, name: str) -> str:
+    """The path of the listed file ``name``: a regular file directly inside ``artifact_dir``."""
+    path = os.path.join(artifact_dir, name)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        raise ArtifactError(f"{path} is missing (listed in {MANIFEST})") from None
+    if not stat.S_ISREG(mode):
+        kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
         raise ArtifactError(
-            f"{os.path.join(artifact_dir, MANIFEST)} names the file {name!r}, which is not a "
-            "plain file name inside the artifact directory"
+            f"{path} is {kind}: an artifact's files must be regular files inside its directory"
         )
-    return os.path.join(artifact_dir, name)
+    return path
 
 
 def read_manifest(artifact_dir: str, verify_hashes: bool = True) -> dict:
-    """The manifest of ``artifact_dir``, after checking every listed file."""
+    """The manifest of ``artifact_dir``, after checking its schema and every listed file."""
     path = os.path.join(artifact_dir, MANIFEST)
     if not os.path.isdir(artifact_dir):
         raise ArtifactError(f"{artifact_dir} is not a directory (expected an ssmcc artifact)")
@@ -107,20 +224,9 @@ def read_manifest(artifact_dir: str, verify_hashes: bool = True) -> dict:
             manifest = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ArtifactError(f"{path} is corrupt (not valid JSON: {error})") from error
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ArtifactError(f"{path} is not an ssmcc manifest (no 'format': '{FORMAT}')")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise ArtifactError(
-            f"{path} has format version {manifest.get('format_version')!r}; this ssmcc reads "
-            f"version {FORMAT_VERSION}: compile the model again"
-        )
-    for key in ("target", "files", "graphs"):
-        if key not in manifest:
-            raise ArtifactError(f"{path} is incomplete: no '{key}' entry")
+    check_manifest(manifest, path)
     for name, entry in manifest["files"].items():
         file_path = artifact_file(artifact_dir, name)
-        if not os.path.isfile(file_path):
-            raise ArtifactError(f"{file_path} is missing (listed in {MANIFEST})")
         if os.path.getsize(file_path) != entry["bytes"]:
             raise ArtifactError(
                 f"{file_path} has {os.path.getsize(file_path)} bytes, the manifest says "
@@ -131,11 +237,4 @@ def read_manifest(artifact_dir: str, verify_hashes: bool = True) -> dict:
                 f"{file_path} does not match its SHA-256 in {MANIFEST}: the file "
                 "is corrupt or was changed"
             )
-    for graph, entry in manifest["graphs"].items():
-        if entry.get("file") not in manifest["files"]:
-            raise ArtifactError(
-                f"{path}: graph {graph!r} names {entry.get('file')!r}, which is not among the "
-                "artifact's listed files"
-            )
-        artifact_file(artifact_dir, entry["file"])
     return manifest
