@@ -29,7 +29,7 @@ BAD_IDS = [
     (torch.zeros(5, dtype=torch.long), r"rank 1 \(5,\) \(add a batch dim"),
     (torch.zeros(1, 2, 3, dtype=torch.long), "must have shape \\(batch, length\\), got rank 3"),
     (torch.full((1, 3), 101), "token id 101, outside the vocabulary \\[0, 101\\)"),
-    (torch.full((1, 3), -1), "token id -1, outside the vocabulary"),
+    (torch.full((1, 3), -1), "token id -1: token ids are >= 0"),
     ([[1, 2, 3]], "must be a torch.Tensor of token ids"),
 ]
 

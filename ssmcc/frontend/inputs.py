@@ -10,8 +10,8 @@ from ssmcc.errors import InputError
 def check_token_ids(input_ids, vocab_size: int | None, what: str = "input_ids") -> torch.Tensor:
     """Return ``input_ids`` as a (batch, length) integer tensor, or raise ``InputError``.
 
-    Rules: a torch integer tensor of rank 2, batch >= 1, length >= 1, and when ``vocab_size`` is
-    known every id in ``[0, vocab_size)``.
+    Rules: a torch integer tensor of rank 2, batch >= 1, length >= 1, every id >= 0, and when
+    ``vocab_size`` is known every id below it.
     """
     if not isinstance(input_ids, torch.Tensor):
         raise InputError(
@@ -40,11 +40,9 @@ def check_token_ids(input_ids, vocab_size: int | None, what: str = "input_ids") 
         raise InputError(
             f"{what} is an empty sequence {tuple(input_ids.shape)}: pass at least one token"
         )
-    if vocab_size is not None:
-        low, high = int(input_ids.min()), int(input_ids.max())
-        if low < 0 or high >= vocab_size:
-            bad = low if low < 0 else high
-            raise InputError(
-                f"{what} holds token id {bad}, outside the vocabulary [0, {vocab_size})"
-            )
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0:
+        raise InputError(f"{what} holds token id {low}: token ids are >= 0")
+    if vocab_size is not None and high >= vocab_size:
+        raise InputError(f"{what} holds token id {high}, outside the vocabulary [0, {vocab_size})")
     return input_ids.long()

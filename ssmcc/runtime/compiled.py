@@ -8,6 +8,7 @@ cache, generation and ``State`` are the same for every target.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -22,7 +23,7 @@ from ssmcc.frontend.inputs import check_token_ids
 from ssmcc.options import Options, check_chunk_size
 from ssmcc.runtime.artifact import sha256_of, write_artifact
 from ssmcc.runtime.chunked import run_chunks
-from ssmcc.runtime.generation import Sampling, stream
+from ssmcc.runtime.generation import Sampling, check_eos_token_id, stream
 from ssmcc.runtime.prefix_cache import PrefixCache
 from ssmcc.runtime.report import CompileReport
 from ssmcc.runtime.state import State, check_state
@@ -208,6 +209,13 @@ class CompiledModel:
         ``generate`` (without ``streamer``)."""
         self._require_states()
         eos_token_id = sampling.pop("eos_token_id", None)
+        check_eos_token_id(eos_token_id, self.vocab_size)
+        unknown = sorted(set(sampling) - {f.name for f in dataclasses.fields(Sampling)})
+        if unknown:
+            raise InputError(
+                f"unknown generation option(s) {', '.join(unknown)}; options: do_sample, "
+                "temperature, top_k, top_p, seed, eos_token_id, chunk_size, prefix_cache"
+            )
 
         def prefill(ids):
             return self.prefill(

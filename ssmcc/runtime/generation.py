@@ -12,6 +12,7 @@ each new token column as it is produced.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator
 
 import torch
@@ -28,12 +29,38 @@ class Sampling:
     seed: int | None = None
 
     def check(self) -> None:
-        if self.temperature <= 0:
-            raise InputError(f"temperature must be > 0, got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise InputError(f"top_k must be >= 1, got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
+        """``InputError`` naming the first setting that is not usable (NaN, a bool, ...)."""
+        if not isinstance(self.do_sample, bool):
+            raise InputError(f"do_sample must be True or False, got {self.do_sample!r}")
+        if not _is_real(self.temperature) or not 0 < self.temperature < math.inf:
+            raise InputError(f"temperature must be a finite number > 0, got {self.temperature!r}")
+        if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 1):
+            raise InputError(f"top_k must be an integer >= 1, got {self.top_k!r}")
+        if self.top_p is not None and (not _is_real(self.top_p) or not 0 < self.top_p <= 1):
+            raise InputError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise InputError(f"seed must be an integer, got {self.seed!r}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    """An int or float that is not a bool and not NaN (NaN compares false with everything)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def check_eos_token_id(eos_token_id, vocab_size: int | None) -> None:
+    """None, or a token id inside the vocabulary."""
+    if eos_token_id is None:
+        return
+    inside = vocab_size is None or 0 <= eos_token_id < vocab_size
+    if not _is_int(eos_token_id) or eos_token_id < 0 or not inside:
+        vocabulary = f" [0, {vocab_size})" if vocab_size is not None else ""
+        raise InputError(
+            f"eos_token_id must be a token id in the vocabulary{vocabulary}, got {eos_token_id!r}"
+        )
 
 
 def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None):
@@ -61,7 +88,7 @@ def stream(
     eos_token_id: int | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield each new token column (b,) as it is produced."""
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     sampling.check()
     generator = None
