@@ -8,9 +8,12 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_harness_survives_failing_and_hanging_contenders(tmp_path):
     command = [
         sys.executable,

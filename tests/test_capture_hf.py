@@ -11,7 +11,7 @@ import ssmcc
 from ssmcc.errors import CaptureError
 from ssmcc.frontend.routes import known_routes
 
-from .conftest import make_hf_model
+from .conftest import FAMILIES, make_hf_model
 
 TOLERANCE = 1e-4  # logits max |diff| against the HF model's eager forward (fp32)
 
@@ -30,7 +30,7 @@ def _module_globals():
     return snapshot
 
 
-@pytest.fixture(scope="module", params=["mamba", "falcon_mamba"])
+@pytest.fixture(scope="module", params=FAMILIES)
 def captured(request):
     model = make_hf_model(request.param)
     example = torch.randint(

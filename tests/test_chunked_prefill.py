@@ -8,10 +8,10 @@ import torch
 import ssmcc
 from ssmcc.errors import InputError
 
-from .conftest import make_hf_model
+from .conftest import FAMILIES, make_hf_model
 
 
-@pytest.fixture(scope="module", params=["mamba", "falcon_mamba"])
+@pytest.fixture(scope="module", params=FAMILIES)
 def model(request):
     return make_hf_model(request.param, seed=3)
 

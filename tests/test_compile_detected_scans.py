@@ -9,7 +9,7 @@ import ssmcc
 from benchmarks.handwritten_mamba import build
 from ssmcc.errors import InputError, SSMCCError
 
-from .conftest import make_hf_model
+from .conftest import FAMILIES, make_hf_model
 
 TOLERANCE = 1e-4
 RULES = {"loop": "unrolled_loop", "scan_op": "scan_op", "pscan": "parallel_scan"}
@@ -30,7 +30,7 @@ def test_handwritten_stack_compiles(form, target):
 
 
 @pytest.mark.parametrize("target", ["torch", "onnx"])
-@pytest.mark.parametrize("family", ["mamba", "falcon_mamba"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_hugging_face_without_routing_becomes_a_routed_like_program(family, target):
     """HF's own loop, captured at 24 tokens with routing off: once the scans and the cut conv1d
     are ssmcc ops nothing else uses the length, so the program runs at any length and streams;

@@ -13,10 +13,10 @@ from ssmcc.lowering.registry import coverage, get_target
 from ssmcc.lowering.torch.lower import lower_to_torch
 from ssmcc.ops import SSMCC_OPS
 
-from .conftest import make_hf_model
+from .conftest import FAMILIES, make_hf_model
 
 
-@pytest.fixture(scope="module", params=["mamba", "falcon_mamba"])
+@pytest.fixture(scope="module", params=FAMILIES)
 def model_and_compiled(request):
     model = make_hf_model(request.param)
     return model, ssmcc.compile(model, target="torch", verify=True)

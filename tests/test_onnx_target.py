@@ -12,12 +12,12 @@ import torch
 import ssmcc
 from ssmcc.kernels.cpu import build_ort_library
 
-from .conftest import make_hf_model
+from .conftest import FAMILIES, make_hf_model
 
 TOLERANCE = 1e-4
 
 
-@pytest.fixture(scope="module", params=["mamba", "falcon_mamba"])
+@pytest.fixture(scope="module", params=FAMILIES)
 def model_and_artifact(request, tmp_path_factory):
     model = make_hf_model(request.param)
     compiled = ssmcc.compile(model, target="onnx")
@@ -71,7 +71,7 @@ def test_one_custom_node_per_op_per_layer_and_full_check(model_and_artifact):
     assert all(d[0] == "batch" for d in dims[1:]) and len(dims) == 1 + 2 * layers
 
 
-@pytest.mark.parametrize("family", ["mamba", "falcon_mamba"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_artifact_size_is_the_weights(family, tmp_path):
     """Both graphs share one weights.bin: the files add up to the weights (within 5%)."""
     model = make_hf_model(

@@ -14,7 +14,7 @@ from ssmcc.frontend.report import ssmcc_op_counts
 from ssmcc.passes import PassContext, format_program, pipeline, run_passes
 from ssmcc.passes.detect_selective_scan import detect_selective_scan
 
-from .conftest import make_hf_model
+from .conftest import FAMILIES, make_hf_model
 
 PASS = "detect_selective_scan"
 RULE_OF_FORM = {
@@ -67,7 +67,7 @@ def test_handwritten_stack_one_scan_per_layer(form):
         assert after < before
 
 
-@pytest.mark.parametrize("family", ["mamba", "falcon_mamba"])
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("use_mambapy", [False, True], ids=["loop", "pscan"])
 def test_hugging_face_static_export_without_routing(family, use_mambapy):
     """HF's own slow path (its Python loop, or mamba.py's pscan with use_mambapy), exported at

@@ -17,12 +17,11 @@ TOLERANCE = 1e-4
 @pytest.fixture(
     scope="module",
     params=[
-        ("mamba", "torch"),
-        ("mamba", "onnx"),
-        ("falcon_mamba", "torch"),
-        ("falcon_mamba", "onnx"),
+        pytest.param(("mamba", "torch"), id="mamba-torch"),
+        pytest.param(("mamba", "onnx"), id="mamba-onnx"),
+        pytest.param(("falcon_mamba", "torch"), id="falcon_mamba-torch", marks=pytest.mark.slow),
+        pytest.param(("falcon_mamba", "onnx"), id="falcon_mamba-onnx", marks=pytest.mark.slow),
     ],
-    ids=lambda p: "-".join(p),
 )
 def model_and_compiled(request):
     family, target = request.param
