@@ -149,7 +149,7 @@ def test_ort_kernel_refuses_inconsistent_shapes(change, message):
     case = fuzzing.Case("selective_scan", 0, _scan_args(3, 3), torch.float32)
     feed, attrs = fuzzing.node_form(case)
     change(feed)
-    session = fuzzing._session("selective_scan", attrs, None, library=True)
+    session = fuzzing.session_for("selective_scan", feed, attrs, library=True)
     with pytest.raises(Exception, match=f"ssmcc.SelectiveScan: {message}"):
         session.run(None, feed)
 
@@ -168,7 +168,7 @@ def test_ort_kernel_refuses_groups_that_do_not_divide_dim():
         dt_bias=np.zeros(8, np.float32),
     )
     attrs = {"dt_softplus": 1, "has_z": 1}
-    session = fuzzing._session("selective_state_update", attrs, None, library=True)
+    session = fuzzing.session_for("selective_state_update", feed, attrs, library=True)
     with pytest.raises(Exception, match="B has 3 groups, which does not divide dim=8"):
         session.run(None, feed)
 

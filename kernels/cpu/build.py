@@ -1,10 +1,11 @@
 """Build the ssmcc CPU kernel libraries on first use, cached by content.
 
-Two shared libraries from one kernel source (``ssm_kernels.h``):
+Two shared libraries from one set of kernel headers (``ssm_kernels.h``, ``ssd_kernels.h``):
 
 - ``libssmcc_kernels.so`` (``torch_entry.cpp``): C entry points the torch target calls via ctypes;
-- ``libssmcc_ort.so`` (``ort_ops.cpp``): the ONNX Runtime custom-op library of the ``ssmcc`` domain;
-  needs ONNX Runtime's C++ headers (``fetch_ort_headers.sh``, or ``SSMCC_ORT_INCLUDE``).
+- ``libssmcc_ort.so`` (``ort_ops.cpp``, ``ort_ssd_ops.cpp``): the ONNX Runtime custom-op library of
+  the ``ssmcc`` domain; needs ONNX Runtime's C++ headers (``fetch_ort_headers.sh``, or
+  ``SSMCC_ORT_INCLUDE``).
 
 The cache key hashes the sources, flags, compiler version and CPU flags (the build uses
 ``-march=native``); the cache lives in ``$SSMCC_CACHE_DIR`` or ``~/.cache/ssmcc/kernels``. A library
@@ -43,7 +44,7 @@ SANITIZE_FLAGS = [
     "-fno-omit-frame-pointer",
     "-g",
 ]
-KERNEL_HEADERS = ["ssm_kernels.h", "tuning.h", "contracts.h"]
+KERNEL_HEADERS = ["ssm_kernels.h", "ssd_kernels.h", "tuning.h", "contracts.h", "ort_common.h"]
 HEADER = "onnxruntime_cxx_api.h"
 
 
@@ -165,5 +166,8 @@ def build_ort_library() -> str | None:
     with open(os.path.join(headers, "onnxruntime_c_api.h"), "rb") as f:
         header_key = hashlib.sha256(f.read()).hexdigest()
     return _build(
-        "ssmcc_ort", ["ort_ops.cpp"], ["-DORT_API_MANUAL_INIT", f"-I{headers}"], header_key
+        "ssmcc_ort",
+        ["ort_ops.cpp", "ort_ssd_ops.cpp"],
+        ["-DORT_API_MANUAL_INIT", f"-I{headers}"],
+        header_key,
     )

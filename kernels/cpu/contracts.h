@@ -11,6 +11,11 @@
 //                           C (b, gc, n); D, dt_bias (d);      gb and gc each divide d
 //   causal_conv1d           x (b, d, l); weight (d, k); bias (d); state (b, d, k-1);   k >= 1
 //   causal_conv1d_update    x (b, d); state (b, d, k-1); weight (d, k); bias (d);       k >= 1
+//   ssd_scan                x, z, out (b, l, h, p); dt (b, l, h); A, dt_bias (h); D (h, p);
+//                           B, C (b, l, g, n); h0, final state (b, h, p, n);     g divides h
+//   ssd_state_update        state (b, h, p, n); x, z (b, h, p); dt (b, h); A, dt_bias (h);
+//                           D (h, p); B, C (b, g, n);                            g divides h
+//   rmsnorm_gated           x, z, out (rows, d); weight (d);        group_size >= 1 divides d
 #pragma once
 
 #include <cstdint>
@@ -51,6 +56,27 @@ inline std::string check_conv(const char* op, int64_t batch, int64_t dim, int64_
                                    check_nonnegative(op, "length", length)});
   if (error.empty() && width < 1)
     error = std::string(op) + ": kernel width is " + std::to_string(width) + ", expected >= 1";
+  return error;
+}
+
+inline std::string check_ssd(const char* op, int64_t batch, int64_t length, int64_t heads,
+                             int64_t head_dim, int64_t groups, int64_t dstate) {
+  std::string error = first_error(
+      {check_nonnegative(op, "batch", batch), check_nonnegative(op, "length", length),
+       check_nonnegative(op, "heads", heads), check_nonnegative(op, "head_dim", head_dim),
+       check_nonnegative(op, "state size", dstate)});
+  if (error.empty() && (groups < 1 || heads % groups != 0))
+    error = std::string(op) + ": B and C have " + std::to_string(groups) +
+            " groups, which does not divide heads=" + std::to_string(heads);
+  return error;
+}
+
+inline std::string check_norm(const char* op, int64_t rows, int64_t dim, int64_t group_size) {
+  std::string error =
+      first_error({check_nonnegative(op, "rows", rows), check_nonnegative(op, "d", dim)});
+  if (error.empty() && (group_size < 1 || dim % group_size != 0))
+    error = std::string(op) + ": group_size " + std::to_string(group_size) +
+            " does not divide d=" + std::to_string(dim);
   return error;
 }
 

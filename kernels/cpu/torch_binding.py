@@ -10,60 +10,14 @@ the sizes against their input contract (``contracts.h``) again: a violation rais
 
 from __future__ import annotations
 
-import ctypes
-import functools
-
 import torch
-from torch import Tensor
 
-from ssmcc.kernels.cpu.build import build_torch_kernels
+from ssmcc.kernels.cpu.native import as_f32, available, call_kernel, library, pointer  # noqa: F401
+from ssmcc.kernels.cpu.ssd_binding import SSD_KERNELS, SSD_VERIFIED_KERNELS
 from ssmcc.ops._shapes import uses_silu
 from ssmcc.ops.causal_conv1d import check_causal_conv1d_args, check_causal_conv1d_update_args
 from ssmcc.ops.selective_scan import check_selective_scan_args
 from ssmcc.ops.selective_state_update import check_selective_state_update_args
-
-_P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
-_SIGNATURES = {
-    "ssmcc_selective_scan_f32": [_P] * 11 + [_I64] * 6 + [_I32] * 2,
-    "ssmcc_causal_conv1d_f32": [_P] * 6 + [_I64] * 4 + [_I32] * 2,
-    "ssmcc_selective_state_update_f32": [_P] * 11 + [_I64] * 5 + [_I32] * 2,
-    "ssmcc_causal_conv1d_update_f32": [_P] * 6 + [_I64] * 3 + [_I32] * 2,
-}
-
-
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    path = build_torch_kernels()
-    if path is None:
-        return None
-    lib = ctypes.CDLL(path)
-    for name, argtypes in _SIGNATURES.items():
-        getattr(lib, name).argtypes = argtypes
-        getattr(lib, name).restype = ctypes.c_int
-    lib.ssmcc_last_error.argtypes = []
-    lib.ssmcc_last_error.restype = ctypes.c_char_p
-    return lib
-
-
-def _call(name: str, *args) -> None:
-    """Call the C entry point ``name``; its contract violation raises ``RuntimeError``."""
-    lib = library()
-    if getattr(lib, name)(*args) != 0:
-        raise RuntimeError(lib.ssmcc_last_error().decode(errors="replace"))
-
-
-def available() -> bool:
-    return library() is not None
-
-
-def _f32(t: Tensor | None) -> Tensor | None:
-    if t is None or (t.dtype == torch.float32 and t.is_contiguous()):
-        return t
-    return t.to(torch.float32).contiguous()
-
-
-def _ptr(t: Tensor | None):
-    return None if t is None else t.data_ptr()
 
 
 def selective_scan_cpu(
@@ -80,12 +34,12 @@ def _selective_scan(
     batch, dim, length = u.shape
     B4 = B if B.dim() == 4 else B.unsqueeze(1)
     C4 = C if C.dim() == 4 else C.unsqueeze(1)
-    args = [_f32(t) for t in (u, delta, A, B4, C4, D, z, delta_bias, initial_state)]
+    args = [as_f32(t) for t in (u, delta, A, B4, C4, D, z, delta_bias, initial_state)]
     out = torch.empty(batch, dim, length, dtype=torch.float32)
     last = torch.empty(batch, dim, A.shape[1], dtype=torch.float32)
-    _call(
+    call_kernel(
         "ssmcc_selective_scan_f32",
-        *[_ptr(t) for t in args],
+        *[pointer(t) for t in args],
         out.data_ptr(),
         last.data_ptr(),
         batch,
@@ -109,12 +63,12 @@ def causal_conv1d_cpu(x, weight, bias=None, initial_state=None, activation=None)
 def _causal_conv1d(x, weight, bias=None, initial_state=None, activation=None):
     batch, dim, length = x.shape
     width = weight.shape[1]
-    args = [_f32(t) for t in (x, weight, bias, initial_state)]
+    args = [as_f32(t) for t in (x, weight, bias, initial_state)]
     out = torch.empty(batch, dim, length, dtype=torch.float32)
     final = torch.empty(batch, dim, width - 1, dtype=torch.float32)
-    _call(
+    call_kernel(
         "ssmcc_causal_conv1d_f32",
-        *[_ptr(t) for t in args],
+        *[pointer(t) for t in args],
         out.data_ptr(),
         final.data_ptr(),
         batch,
@@ -139,12 +93,12 @@ def _selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
     batch, dim, n = state.shape
     B3 = B if B.dim() == 3 else B.unsqueeze(1)
     C3 = C if C.dim() == 3 else C.unsqueeze(1)
-    args = [_f32(t) for t in (state, x, dt, A, B3, C3, D, z, dt_bias)]
+    args = [as_f32(t) for t in (state, x, dt, A, B3, C3, D, z, dt_bias)]
     out = torch.empty(batch, dim, dtype=torch.float32)
     new_state = torch.empty(batch, dim, n, dtype=torch.float32)
-    _call(
+    call_kernel(
         "ssmcc_selective_state_update_f32",
-        *[_ptr(t) for t in args],
+        *[pointer(t) for t in args],
         out.data_ptr(),
         new_state.data_ptr(),
         batch,
@@ -166,12 +120,12 @@ def causal_conv1d_update_cpu(x, conv_state, weight, bias=None, activation=None):
 
 def _causal_conv1d_update(x, conv_state, weight, bias=None, activation=None):
     batch, dim = x.shape
-    args = [_f32(t) for t in (x, conv_state, weight, bias)]
+    args = [as_f32(t) for t in (x, conv_state, weight, bias)]
     out = torch.empty(batch, dim, dtype=torch.float32)
     new_state = torch.empty_like(args[1])
-    _call(
+    call_kernel(
         "ssmcc_causal_conv1d_update_f32",
-        *[_ptr(t) for t in args],
+        *[pointer(t) for t in args],
         out.data_ptr(),
         new_state.data_ptr(),
         batch,
@@ -188,6 +142,7 @@ KERNELS = {
     "causal_conv1d": causal_conv1d_cpu,
     "selective_state_update": selective_state_update_cpu,
     "causal_conv1d_update": causal_conv1d_update_cpu,
+    **SSD_KERNELS,
 }
 # For programs whose shapes the IR verifier already checked against the ops' fake
 # implementations (the torch lowering): no per-call Python shape checks.
@@ -196,4 +151,5 @@ VERIFIED_PROGRAM_KERNELS = {
     "causal_conv1d": _causal_conv1d,
     "selective_state_update": _selective_state_update,
     "causal_conv1d_update": _causal_conv1d_update,
+    **SSD_VERIFIED_KERNELS,
 }

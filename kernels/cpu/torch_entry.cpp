@@ -9,6 +9,7 @@
 #include <string>
 
 #include "contracts.h"
+#include "ssd_kernels.h"
 #include "ssm_kernels.h"
 
 #define SSMCC_EXPORT extern "C" __attribute__((visibility("default")))
@@ -121,5 +122,53 @@ SSMCC_EXPORT int ssmcc_causal_conv1d_update_f32(const float* x, const float* sta
                              silu != 0};
     parallel_rows(batch * dim, width, threads,
                   [&](int64_t b, int64_t e) { ssmcc::causal_conv1d_update_rows(args, b, e); });
+  });
+}
+
+SSMCC_EXPORT int ssmcc_ssd_scan_f32(const float* x, const float* dt, const float* A, const float* B,
+                                    const float* C, const float* D, const float* z,
+                                    const float* dt_bias, const float* h0, float* out,
+                                    float* last, int64_t batch, int64_t length, int64_t heads,
+                                    int64_t head_dim, int64_t groups, int64_t dstate,
+                                    int32_t softplus, float dt_min, float dt_max,
+                                    int32_t threads) {
+  const auto contract =
+      ssmcc::check_ssd("ssd_scan", batch, length, heads, head_dim, groups, dstate);
+  return guarded(contract, [&] {
+    ssmcc::SsdArgs args{x,      dt,     A,     B,        C,      D,      z,
+                        dt_bias, h0,    out,   last,     batch,  length, heads,
+                        head_dim, groups, dstate, softplus != 0, dt_min, dt_max};
+    parallel_rows(batch * heads, length * head_dim * dstate, threads,
+                  [&](int64_t b, int64_t e) { ssmcc::ssd_scan_rows(args, b, e); });
+  });
+}
+
+SSMCC_EXPORT int ssmcc_ssd_state_update_f32(const float* state, const float* x, const float* dt,
+                                            const float* A, const float* B, const float* C,
+                                            const float* D, const float* z, const float* dt_bias,
+                                            float* out, float* new_state, int64_t batch,
+                                            int64_t heads, int64_t head_dim, int64_t groups,
+                                            int64_t dstate, int32_t softplus, float dt_min,
+                                            float dt_max, int32_t threads) {
+  const auto contract =
+      ssmcc::check_ssd("ssd_state_update", batch, 1, heads, head_dim, groups, dstate);
+  return guarded(contract, [&] {
+    ssmcc::SsdArgs args{x,        dt,     A,      B,   C,   D,     z,      dt_bias,
+                        state,    out,    new_state, batch, 1, heads, head_dim, groups,
+                        dstate,   softplus != 0, dt_min, dt_max};
+    parallel_rows(batch * heads, head_dim * dstate, threads,
+                  [&](int64_t b, int64_t e) { ssmcc::ssd_state_update_rows(args, b, e); });
+  });
+}
+
+SSMCC_EXPORT int ssmcc_rmsnorm_gated_f32(const float* x, const float* z, const float* weight,
+                                         float* out, int64_t rows, int64_t dim,
+                                         int64_t group_size, float eps, int32_t norm_before_gate,
+                                         int32_t threads) {
+  const auto contract = ssmcc::check_norm("rmsnorm_gated", rows, dim, group_size);
+  return guarded(contract, [&] {
+    ssmcc::NormArgs args{x, z, weight, out, rows, dim, group_size, eps, norm_before_gate != 0};
+    parallel_rows(rows, dim, threads,
+                  [&](int64_t b, int64_t e) { ssmcc::rmsnorm_gated_rows(args, b, e); });
   });
 }

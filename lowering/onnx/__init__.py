@@ -9,6 +9,7 @@ TARGET = Target(
     name="onnx",
     summary="ONNX graphs (prefill/chunk/step, one weights file) run in ONNX Runtime",
     implementation="ssmcc.lowering.onnx.target",
+    dtypes=("float32",),
     options=(
         OptionSpec(
             "threads",

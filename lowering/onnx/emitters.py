@@ -136,6 +136,102 @@ def emit_causal_conv1d_update(x, conv_state, weight, bias=None, activation=None)
     )
 
 
+def _per_head_D(D, heads, head_dim):
+    """D as the (h, p) the ONNX ops take: zeros when absent, (h,) repeated over p."""
+    if D is None:
+        return _zeros(heads, head_dim)
+    if len(D.shape) == 1:
+        return op.Expand(op.Unsqueeze(D, [1]), op.Concat(heads, head_dim, axis=0))
+    return D
+
+
+def emit_ssd_scan(
+    x,
+    dt,
+    A,
+    B,
+    C,
+    D=None,
+    z=None,
+    dt_bias=None,
+    dt_softplus=False,
+    dt_min=0.0,
+    dt_max=None,
+    initial_state=None,
+):
+    heads, head_dim = _dim(x, 2), _dim(x, 3)
+    if dt_bias is None:
+        dt_bias = _zeros(heads)
+    if initial_state is None:
+        initial_state = _zeros(_dim(x, 0), heads, head_dim, _dim(B, 3))
+    has_z = z is not None
+    return SSMCC.SsdScan(
+        x,
+        dt,
+        A,
+        B,
+        C,
+        _per_head_D(D, heads, head_dim),
+        z if has_z else x,
+        dt_bias,
+        initial_state,
+        dt_softplus=int(bool(dt_softplus)),
+        has_z=int(has_z),
+        dt_min=float(dt_min),
+        dt_max=math.inf if dt_max is None else float(dt_max),
+        _outputs=2,
+    )
+
+
+def emit_ssd_state_update(
+    state,
+    x,
+    dt,
+    A,
+    B,
+    C,
+    D=None,
+    z=None,
+    dt_bias=None,
+    dt_softplus=False,
+    dt_min=0.0,
+    dt_max=None,
+):
+    heads, head_dim = _dim(x, 1), _dim(x, 2)
+    if dt_bias is None:
+        dt_bias = _zeros(heads)
+    has_z = z is not None
+    return SSMCC.SsdStateUpdate(
+        state,
+        x,
+        dt,
+        A,
+        B,
+        C,
+        _per_head_D(D, heads, head_dim),
+        z if has_z else x,
+        dt_bias,
+        dt_softplus=int(bool(dt_softplus)),
+        has_z=int(has_z),
+        dt_min=float(dt_min),
+        dt_max=math.inf if dt_max is None else float(dt_max),
+        _outputs=2,
+    )
+
+
+def emit_rmsnorm_gated(x, z, weight, group_size, eps=1e-6, norm_before_gate=False):
+    has_z = z is not None
+    return SSMCC.RmsNormGated(
+        x,
+        z if has_z else x,
+        weight,
+        group_size=int(group_size),
+        eps=float(eps),
+        norm_before_gate=int(bool(norm_before_gate)),
+        has_z=int(has_z),
+    )
+
+
 ONNX_TABLE: dict[str, Emitter] = {
     "selective_scan": Emitter("ssmcc.SelectiveScan node + portable Scan body", emit_selective_scan),
     "causal_conv1d": Emitter("ssmcc.CausalConv1d node + portable body", emit_causal_conv1d),
@@ -145,5 +241,8 @@ ONNX_TABLE: dict[str, Emitter] = {
     "causal_conv1d_update": Emitter(
         "ssmcc.CausalConv1dUpdate node + portable body", emit_causal_conv1d_update
     ),
+    "ssd_scan": Emitter("ssmcc.SsdScan node + portable Scan body", emit_ssd_scan),
+    "ssd_state_update": Emitter("ssmcc.SsdStateUpdate node + portable body", emit_ssd_state_update),
+    "rmsnorm_gated": Emitter("ssmcc.RmsNormGated node + portable body", emit_rmsnorm_gated),
 }
 ONNX_UNSUPPORTED: dict[str, str] = {}

@@ -25,6 +25,11 @@ from ssmcc.lowering.onnx.functions import (
     selective_scan_function,
     selective_state_update_function,
 )
+from ssmcc.lowering.onnx.functions_ssd import (
+    rmsnorm_gated_function,
+    ssd_scan_function,
+    ssd_state_update_function,
+)
 from ssmcc.lowering.onnx.schemas import DOMAIN, register_schemas
 from ssmcc.ops import SSMCC_OPS, is_ssmcc_op
 
@@ -161,14 +166,18 @@ def lower_to_onnx(
         ) from error
     model = exported.model_proto
     used = {node.op_type for node in model.graph.node if node.domain == DOMAIN}
-    if "SelectiveScan" in used:
-        model.functions.append(selective_scan_function(OPSET))
-    if "CausalConv1d" in used:
-        model.functions.append(causal_conv1d_function(OPSET, widths.pop()))
-    if "SelectiveStateUpdate" in used:
-        model.functions.append(selective_state_update_function(OPSET))
-    if "CausalConv1dUpdate" in used:
-        model.functions.append(causal_conv1d_update_function(OPSET))
+    bodies = {
+        "SelectiveScan": lambda: selective_scan_function(OPSET),
+        "CausalConv1d": lambda: causal_conv1d_function(OPSET, widths.pop()),
+        "SelectiveStateUpdate": lambda: selective_state_update_function(OPSET),
+        "CausalConv1dUpdate": lambda: causal_conv1d_update_function(OPSET),
+        "SsdScan": lambda: ssd_scan_function(OPSET),
+        "SsdStateUpdate": lambda: ssd_state_update_function(OPSET),
+        "RmsNormGated": lambda: rmsnorm_gated_function(OPSET),
+    }
+    for op_type, make in bodies.items():
+        if op_type in used:
+            model.functions.append(make())
     _rename_dims(model, dim_names or {})
     _share_transposed_weights(model)
     _strip_node_metadata(model)

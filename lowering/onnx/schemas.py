@@ -19,7 +19,17 @@ gate. Shapes (b batch, d channels, l length, g groups, n state, k conv width)::
 B and C share one group count g, which divides d (channel c reads group c // (d / g)); the
 emitters bring IR ops whose B and C are grouped differently to a common count. The ssmcc ORT
 kernels check every input's shape against these and fail the run naming the input otherwise.
-``activation``: 0 identity, 1 silu. Registration is process-wide and idempotent.
+``activation``: 0 identity, 1 silu.
+
+Mamba-2 (h heads of p channels, g groups dividing h)::
+
+    SsdScan(x[b,l,h,p], dt[b,l,h], A[h], B[b,l,g,n], C[b,l,g,n], D[h,p], z[b,l,h,p], dt_bias[h],
+            initial_state[b,h,p,n]; dt_softplus, has_z, dt_min, dt_max) -> out, final_state
+    SsdStateUpdate(state[b,h,p,n], x[b,h,p], dt[b,h], A[h], B[b,g,n], C[b,g,n], D[h,p], z[b,h,p],
+                   dt_bias[h]; dt_softplus, has_z, dt_min, dt_max) -> out[b,h,p], new_state
+    RmsNormGated(x[...,d], z[...,d], weight[d]; group_size, eps, norm_before_gate, has_z) -> out
+
+Registration is process-wide and idempotent.
 """
 
 from __future__ import annotations
@@ -130,6 +140,82 @@ SCHEMAS += [
         outputs=_inputs([("out", "(b, d)"), ("new_state", "(b, d, k-1)")]),
         type_constraints=[("T", _FLOAT_TYPES, "floating point")],
         attributes=[_int_attr("activation", "0 identity, 1 silu")],
+    ),
+]
+
+
+def _float_attr(name: str, doc: str) -> OpSchema.Attribute:
+    return OpSchema.Attribute(name, OpSchema.AttrType.FLOAT, doc, required=True)
+
+
+_DT_ATTRIBUTES = [
+    _int_attr("dt_softplus", "1: dt = softplus(dt + dt_bias)"),
+    _int_attr("has_z", "1: out = y * silu(z)"),
+    _float_attr("dt_min", "dt is clamped to [dt_min, dt_max] after softplus"),
+    _float_attr("dt_max", "upper clamp of dt (inf: none)"),
+]
+
+SCHEMAS += [
+    OpSchema(
+        "SsdScan",
+        DOMAIN,
+        VERSION,
+        doc="Mamba-2 SSD scan (see ssmcc.ops.ssd_scan).",
+        inputs=_inputs(
+            [
+                ("x", "(b, l, h, p)"),
+                ("dt", "(b, l, h)"),
+                ("A", "(h,)"),
+                ("B", "(b, l, g, n)"),
+                ("C", "(b, l, g, n), B's shape"),
+                ("D", "(h, p)"),
+                ("z", "(b, l, h, p); ignored when has_z = 0"),
+                ("dt_bias", "(h,)"),
+                ("initial_state", "(b, h, p, n)"),
+            ]
+        ),
+        outputs=_inputs([("out", "(b, l, h, p)"), ("final_state", "(b, h, p, n)")]),
+        type_constraints=[("T", _FLOAT_TYPES, "floating point")],
+        attributes=_DT_ATTRIBUTES,
+    ),
+    OpSchema(
+        "SsdStateUpdate",
+        DOMAIN,
+        VERSION,
+        doc="One SSD step (see ssmcc.ops.ssd_state_update).",
+        inputs=_inputs(
+            [
+                ("state", "(b, h, p, n)"),
+                ("x", "(b, h, p)"),
+                ("dt", "(b, h)"),
+                ("A", "(h,)"),
+                ("B", "(b, g, n)"),
+                ("C", "(b, g, n), B's shape"),
+                ("D", "(h, p)"),
+                ("z", "(b, h, p); ignored when has_z = 0"),
+                ("dt_bias", "(h,)"),
+            ]
+        ),
+        outputs=_inputs([("out", "(b, h, p)"), ("new_state", "(b, h, p, n)")]),
+        type_constraints=[("T", _FLOAT_TYPES, "floating point")],
+        attributes=_DT_ATTRIBUTES,
+    ),
+    OpSchema(
+        "RmsNormGated",
+        DOMAIN,
+        VERSION,
+        doc="Gated RMSNorm over groups of the last axis (see ssmcc.ops.rmsnorm_gated).",
+        inputs=_inputs(
+            [("x", "(..., d)"), ("z", "(..., d); ignored when has_z = 0"), ("weight", "(d,)")]
+        ),
+        outputs=_inputs([("out", "(..., d)")]),
+        type_constraints=[("T", _FLOAT_TYPES, "floating point")],
+        attributes=[
+            _int_attr("group_size", "channels per normalised group (divides d)"),
+            _float_attr("eps", "added to the mean square"),
+            _int_attr("norm_before_gate", "1: w * norm(x) * silu(z); 0: w * norm(x * silu(z))"),
+            _int_attr("has_z", "1: gated"),
+        ],
     ),
 ]
 

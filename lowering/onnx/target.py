@@ -25,7 +25,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from ssmcc.errors import ArtifactError
+from ssmcc.errors import ArtifactError, LoweringError
 from ssmcc.lowering.artifact_checks import check_state_inputs
 from ssmcc.lowering.onnx.emitters import ONNX_TABLE, ONNX_UNSUPPORTED
 from ssmcc.lowering.onnx.export import OPSET, lower_to_onnx
@@ -110,7 +110,20 @@ def _graph_entry(name: str, model: onnx.ModelProto) -> dict:
     }
 
 
+def _check_float32(program) -> None:
+    """The ONNX target runs float32 programs (ONNX Runtime's CPU kernels lack bf16 for most ops)."""
+    for name, tensor in program.state_dict.items():
+        if tensor.is_floating_point() and tensor.dtype != torch.float32:
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            raise LoweringError(
+                f"backend 'onnx' runs float32 programs; this one holds {dtype} weights (e.g. "
+                f"{name}): compile with dtype='float32' (ssmcc casts a copy of the model) or "
+                "use target='torch', which runs bfloat16 and float16 models"
+            )
+
+
 def _models(programs: ProgramSet) -> dict[str, onnx.ModelProto]:
+    _check_float32(programs.forward)
     if programs.streaming:
         names = [s.name for s in programs.specs]
         inputs = ["input_ids", *names]

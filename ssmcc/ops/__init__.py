@@ -12,8 +12,11 @@ from ssmcc.ops.causal_conv1d import (
     causal_conv1d_update,
     causal_conv1d_update_ref,
 )
+from ssmcc.ops.rmsnorm_gated import rmsnorm_gated, rmsnorm_gated_ref
 from ssmcc.ops.selective_scan import selective_scan, selective_scan_ref
 from ssmcc.ops.selective_state_update import selective_state_update, selective_state_update_ref
+from ssmcc.ops.ssd_scan import ssd_scan, ssd_scan_ref
+from ssmcc.ops.ssd_state_update import ssd_state_update, ssd_state_update_ref
 
 # The OpOverloads as they appear in captured graphs, by short name.
 SSMCC_OPS = {
@@ -21,6 +24,9 @@ SSMCC_OPS = {
     "selective_state_update": selective_state_update._opoverload,
     "causal_conv1d": causal_conv1d._opoverload,
     "causal_conv1d_update": causal_conv1d_update._opoverload,
+    "ssd_scan": ssd_scan._opoverload,
+    "ssd_state_update": ssd_state_update._opoverload,
+    "rmsnorm_gated": rmsnorm_gated._opoverload,
 }
 # Each op's pure-PyTorch reference: the oracle, and the fallback wherever no kernel runs.
 SSMCC_REFERENCES = {
@@ -28,6 +34,9 @@ SSMCC_REFERENCES = {
     "selective_state_update": selective_state_update_ref,
     "causal_conv1d": causal_conv1d_ref,
     "causal_conv1d_update": causal_conv1d_update_ref,
+    "ssd_scan": ssd_scan_ref,
+    "ssd_state_update": ssd_state_update_ref,
+    "rmsnorm_gated": rmsnorm_gated_ref,
 }
 
 
@@ -37,6 +46,12 @@ def is_ssmcc_op(target) -> bool:
 
 
 __all__ = [
+    "rmsnorm_gated",
+    "rmsnorm_gated_ref",
+    "ssd_scan",
+    "ssd_scan_ref",
+    "ssd_state_update",
+    "ssd_state_update_ref",
     "SSMCC_OPS",
     "SSMCC_REFERENCES",
     "causal_conv1d",

@@ -35,12 +35,14 @@ def expect_rank(op: str, name: str, tensor: Tensor, ranks: tuple[int, ...], layo
     )
 
 
-def expect_vector(op: str, name: str, tensor: Tensor | None, dim) -> None:
-    """An optional per-channel vector of length ``dim``."""
+def expect_vector(op: str, name: str, tensor: Tensor | None, dim, axis: str = "dim") -> None:
+    """An optional vector of length ``dim``, one entry per channel (or per head: ``axis``)."""
     if tensor is None:
         return
-    expect_rank(op, name, tensor, (1,), "(dim,)")
-    expect(tensor.shape[0] == dim, op, f"{name} has length {tensor.shape[0]}, expected dim={dim}")
+    expect_rank(op, name, tensor, (1,), f"({axis},)")
+    expect(
+        tensor.shape[0] == dim, op, f"{name} has length {tensor.shape[0]}, expected {axis}={dim}"
+    )
 
 
 def expect_same_shape(op: str, name: str, tensor: Tensor | None, shape, layout: str) -> None:

@@ -1,0 +1,63 @@
+"""The ssmcc kernel library as seen from Python: loaded with ctypes, entry points typed, calls
+checked. ``torch_binding`` (Mamba-1 ops) and ``ssd_binding`` (Mamba-2 ops) build on it.
+
+Every entry point returns 0, or 1 with the reason in ``ssmcc_last_error()`` (its input contract,
+``contracts.h``, did not hold, or an allocation failed); ``call_kernel`` turns that into
+``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+from torch import Tensor
+
+from ssmcc.kernels.cpu.build import build_torch_kernels
+
+_P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+_SIGNATURES = {
+    "ssmcc_selective_scan_f32": [_P] * 11 + [_I64] * 6 + [_I32] * 2,
+    "ssmcc_causal_conv1d_f32": [_P] * 6 + [_I64] * 4 + [_I32] * 2,
+    "ssmcc_selective_state_update_f32": [_P] * 11 + [_I64] * 5 + [_I32] * 2,
+    "ssmcc_causal_conv1d_update_f32": [_P] * 6 + [_I64] * 3 + [_I32] * 2,
+    "ssmcc_ssd_scan_f32": [_P] * 11 + [_I64] * 6 + [_I32, _F32, _F32, _I32],
+    "ssmcc_ssd_state_update_f32": [_P] * 11 + [_I64] * 5 + [_I32, _F32, _F32, _I32],
+    "ssmcc_rmsnorm_gated_f32": [_P] * 4 + [_I64] * 3 + [_F32, _I32, _I32],
+}
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    path = build_torch_kernels()
+    if path is None:
+        return None
+    lib = ctypes.CDLL(path)
+    for name, argtypes in _SIGNATURES.items():
+        getattr(lib, name).argtypes = argtypes
+        getattr(lib, name).restype = ctypes.c_int
+    lib.ssmcc_last_error.argtypes = []
+    lib.ssmcc_last_error.restype = ctypes.c_char_p
+    return lib
+
+
+def call_kernel(name: str, *args) -> None:
+    """Call the C entry point ``name``; its contract violation raises ``RuntimeError``."""
+    lib = library()
+    if getattr(lib, name)(*args) != 0:
+        raise RuntimeError(lib.ssmcc_last_error().decode(errors="replace"))
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def as_f32(t: Tensor | None) -> Tensor | None:
+    if t is None or (t.dtype == torch.float32 and t.is_contiguous()):
+        return t
+    return t.to(torch.float32).contiguous()
+
+
+def pointer(t: Tensor | None):
+    return None if t is None else t.data_ptr()

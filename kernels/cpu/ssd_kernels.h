@@ -1,0 +1,118 @@
+// ssmcc CPU kernels for the Mamba-2 ops: float32, contiguous, one function per op over a range of
+// rows (row = batch * heads + head for the scans, one normalised vector for the norm).
+//
+// ssd_scan (math: ssmcc/ops/ssd_scan.py), per row (b, i) with group g = i / (heads / groups):
+//   dt_t = clamp(softplus(dt_t + dt_bias), dt_min, dt_max)      (softplus, bias when requested)
+//   h_t[p,n] = exp(dt_t A[i]) h_{t-1}[p,n] + dt_t x_t[p] B_t[g,n]
+//   y_t[p] = sum_n C_t[g,n] h_t[p,n] + D[i,p] x_t[p];   y_t *= silu(z_t) if z
+// The row's state (p x n) lives in the final-state output while the scan runs; the n loop
+// vectorises. ssd_state_update is one such step from a given state. D arrives as (heads, p).
+// rmsnorm_gated (ssmcc/ops/rmsnorm_gated.py), per vector of d channels in groups of group_size:
+//   norm_before_gate = 0: out = w * norm(x * silu(z));  1: out = w * norm(x) * silu(z)
+// Optional pointers (D, z, dt_bias, h0) may be null: zero / no gate / zeros. The sizes must satisfy
+// the input contracts of contracts.h (every binding checks them first).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "ssm_kernels.h"
+
+namespace ssmcc {
+
+struct SsdArgs {
+  const float *x, *dt, *A, *B, *C, *D, *z, *dt_bias, *h0;  // h0: (b, h, p, n) or null
+  float *out, *last;                                        // last: (b, h, p, n)
+  int64_t batch, length, heads, head_dim, groups, dstate;
+  bool softplus;
+  float dt_min, dt_max;
+};
+
+inline float ssd_dt(const SsdArgs& a, float raw, int64_t head) {
+  float v = raw + (a.dt_bias ? a.dt_bias[head] : 0.f);
+  if (a.softplus) v = softplus(v);
+  return std::fmin(std::fmax(v, a.dt_min), a.dt_max);
+}
+
+// One position of one row: h = decay h + dt x B; out = C.h + D x (gated). ``h``: (p, n).
+inline void ssd_position(const SsdArgs& a, int64_t head, float step, const float* x,
+                         const float* B, const float* C, const float* z, float* h, float* out) {
+  const int64_t n_state = a.dstate;
+  const float decay = std::exp(step * a.A[head]);
+  const float* D = a.D ? a.D + head * a.head_dim : nullptr;
+  for (int64_t p = 0; p < a.head_dim; ++p) {
+    const float drive = step * x[p];
+    float* hp = h + p * n_state;
+    float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = 0; i < n_state; ++i) {
+      const float hi = decay * hp[i] + drive * B[i];
+      hp[i] = hi;
+      acc += hi * C[i];
+    }
+    float y = acc + (D ? D[p] * x[p] : 0.f);
+    if (z) y *= silu(z[p]);
+    out[p] = y;
+  }
+}
+
+inline void ssd_scan_rows(const SsdArgs& a, int64_t row_begin, int64_t row_end) {
+  const int64_t H = a.heads, P = a.head_dim, N = a.dstate, per_group = a.heads / a.groups;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const int64_t b = row / H, head = row % H, g = head / per_group;
+    float* h = a.last + row * P * N;
+    for (int64_t i = 0; i < P * N; ++i) h[i] = a.h0 ? a.h0[row * P * N + i] : 0.f;
+    for (int64_t t = 0; t < a.length; ++t) {
+      const int64_t token = b * a.length + t;  // (b, t)
+      const float step = ssd_dt(a, a.dt[token * H + head], head);
+      const int64_t at = (token * H + head) * P;
+      const float* Bt = a.B + (token * a.groups + g) * N;
+      const float* Ct = a.C + (token * a.groups + g) * N;
+      ssd_position(a, head, step, a.x + at, Bt, Ct, a.z ? a.z + at : nullptr, h, a.out + at);
+    }
+  }
+}
+
+// ssd_state_update: ``h0`` is the state in, ``last`` the state out, length 1.
+inline void ssd_state_update_rows(const SsdArgs& a, int64_t row_begin, int64_t row_end) {
+  const int64_t H = a.heads, P = a.head_dim, N = a.dstate, per_group = a.heads / a.groups;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const int64_t b = row / H, head = row % H, g = head / per_group;
+    float* h = a.last + row * P * N;
+    for (int64_t i = 0; i < P * N; ++i) h[i] = a.h0[row * P * N + i];
+    const float step = ssd_dt(a, a.dt[row], head);
+    const float* B = a.B + (b * a.groups + g) * N;
+    const float* C = a.C + (b * a.groups + g) * N;
+    ssd_position(a, head, step, a.x + row * P, B, C, a.z ? a.z + row * P : nullptr, h,
+                 a.out + row * P);
+  }
+}
+
+struct NormArgs {
+  const float *x, *z, *weight;  // x, z: (rows, d); weight (d)
+  float* out;
+  int64_t rows, dim, group_size;
+  float eps;
+  bool norm_before_gate;
+};
+
+inline void rmsnorm_gated_rows(const NormArgs& a, int64_t row_begin, int64_t row_end) {
+  const int64_t d = a.dim, gs = a.group_size;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const float* x = a.x + row * d;
+    const float* z = a.z ? a.z + row * d : nullptr;
+    float* out = a.out + row * d;
+    for (int64_t c = 0; c < d; ++c) out[c] = (z && !a.norm_before_gate) ? x[c] * silu(z[c]) : x[c];
+    for (int64_t first = 0; first < d; first += gs) {
+      float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+      for (int64_t c = first; c < first + gs; ++c) squares += out[c] * out[c];
+      const float scale = 1.f / std::sqrt(squares / static_cast<float>(gs) + a.eps);
+      for (int64_t c = first; c < first + gs; ++c) out[c] *= scale * a.weight[c];
+    }
+    if (z && a.norm_before_gate)
+      for (int64_t c = 0; c < d; ++c) out[c] *= silu(z[c]);
+  }
+}
+
+}  // namespace ssmcc

@@ -1,0 +1,192 @@
+"""The ONNX paths of the fuzzer: each op as one ssmcc node (its node form, ``schemas.py``) in an
+ONNX Runtime session with the ssmcc library (``ort-lib``) or without it (``portable``: the
+model-local function body)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .fuzz_cases import Case
+
+_NODES = {  # op -> (ONNX op type, node inputs, number of outputs)
+    "selective_scan": (
+        "SelectiveScan",
+        ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state"),
+        2,
+    ),
+    "selective_state_update": (
+        "SelectiveStateUpdate",
+        ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias"),
+        2,
+    ),
+    "causal_conv1d": ("CausalConv1d", ("x", "weight", "bias", "initial_state"), 2),
+    "causal_conv1d_update": ("CausalConv1dUpdate", ("x", "conv_state", "weight", "bias"), 2),
+    "ssd_scan": (
+        "SsdScan",
+        ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_state"),
+        2,
+    ),
+    "ssd_state_update": (
+        "SsdStateUpdate",
+        ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias"),
+        2,
+    ),
+    "rmsnorm_gated": ("RmsNormGated", ("x", "z", "weight"), 1),
+}
+
+
+def _common_groups(B: torch.Tensor, C: torch.Tensor, grouped_rank: int):
+    """B and C at the least common multiple of their group counts (the emitters' form)."""
+    as_grouped = lambda t: t.unsqueeze(1) if t.dim() == grouped_rank - 1 else t  # noqa: E731
+    B, C = as_grouped(B), as_grouped(C)
+    target = math.lcm(B.shape[1], C.shape[1])
+    return tuple(t.repeat_interleave(target // t.shape[1], dim=1) for t in (B, C))
+
+
+def _mamba1_form(op: str, a: dict) -> dict:
+    scan = op == "selective_scan"
+    main, prefix = ("u", "delta") if scan else ("x", "dt")
+    bias = f"{prefix}_bias"
+    dim, n = a["A"].shape
+    a["B"], a["C"] = _common_groups(a["B"], a["C"], 4 if scan else 3)
+    softplus = f"{prefix}_softplus"
+    attrs = {softplus: int(a[softplus]), "has_z": int(a["z"] is not None)}
+    a["D"] = torch.zeros(dim) if a["D"] is None else a["D"]
+    a["z"] = a[main] if a["z"] is None else a["z"]
+    a[bias] = torch.zeros(dim) if a[bias] is None else a[bias]
+    if scan and a["initial_state"] is None:
+        a["initial_state"] = torch.zeros(a["u"].shape[0], dim, n)
+    return attrs
+
+
+def _ssd_form(op: str, a: dict) -> dict:
+    x = a["x"]
+    heads, head_dim = x.shape[-2:]
+    attrs = {
+        "dt_softplus": int(a["dt_softplus"]),
+        "has_z": int(a["z"] is not None),
+        "dt_min": float(a["dt_min"]),
+        "dt_max": float(a["dt_max"]),
+    }
+    D = a["D"]
+    D = torch.zeros(heads, head_dim) if D is None else D
+    a["D"] = D[:, None].expand(heads, head_dim) if D.dim() == 1 else D
+    a["z"] = x if a["z"] is None else a["z"]
+    a["dt_bias"] = torch.zeros(heads) if a["dt_bias"] is None else a["dt_bias"]
+    if op == "ssd_scan" and a["initial_state"] is None:
+        a["initial_state"] = torch.zeros(x.shape[0], heads, head_dim, a["B"].shape[-1])
+    return attrs
+
+
+def node_form(case: Case) -> tuple[dict, dict]:
+    """(inputs as float32 arrays, attributes) of the op's ONNX node."""
+    a = {k: v.float() if isinstance(v, torch.Tensor) else v for k, v in case.args.items()}
+    if case.op in ("selective_scan", "selective_state_update"):
+        attrs = _mamba1_form(case.op, a)
+    elif case.op in ("ssd_scan", "ssd_state_update"):
+        attrs = _ssd_form(case.op, a)
+    elif case.op == "rmsnorm_gated":
+        attrs = {
+            "group_size": int(a["group_size"]),
+            "eps": float(a["eps"]),
+            "norm_before_gate": int(a["norm_before_gate"]),
+            "has_z": int(a["z"] is not None),
+        }
+        a["z"] = a["x"] if a["z"] is None else a["z"]
+    else:
+        dim, width = a["weight"].shape
+        attrs = {"activation": int(a["activation"] is not None)}
+        a["bias"] = torch.zeros(dim) if a["bias"] is None else a["bias"]
+        if case.op == "causal_conv1d" and a["initial_state"] is None:
+            a["initial_state"] = torch.zeros(a["x"].shape[0], dim, width - 1)
+    names = _NODES[case.op][1]
+    return {k: np.ascontiguousarray(a[k].numpy()) for k in names}, attrs
+
+
+_SESSIONS: dict = {}
+
+
+def _function(op: str, width: int | None):
+    from ssmcc.lowering.onnx import functions, functions_ssd
+    from ssmcc.lowering.onnx.export import OPSET
+
+    return {
+        "selective_scan": lambda: functions.selective_scan_function(OPSET),
+        "selective_state_update": lambda: functions.selective_state_update_function(OPSET),
+        "causal_conv1d": lambda: functions.causal_conv1d_function(OPSET, width),
+        "causal_conv1d_update": lambda: functions.causal_conv1d_update_function(OPSET),
+        "ssd_scan": lambda: functions_ssd.ssd_scan_function(OPSET),
+        "ssd_state_update": lambda: functions_ssd.ssd_state_update_function(OPSET),
+        "rmsnorm_gated": lambda: functions_ssd.rmsnorm_gated_function(OPSET),
+    }[op]()
+
+
+def session(op: str, attrs: dict, ranks: dict, library: bool, width: int | None = None):
+    """An ORT session running the op's node alone; ``ranks``: of each input (all dims dynamic),
+    and of ``out`` / ``state_out``."""
+    key = (op, tuple(sorted(attrs.items())), tuple(sorted(ranks.items())), width, library)
+    if key not in _SESSIONS:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+
+        from ssmcc.lowering.onnx.export import OPSET
+        from ssmcc.lowering.onnx.runtime import custom_op_library
+        from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
+
+        op_type, inputs, count = _NODES[op]
+        outputs = ["out", "state_out"][:count]
+        value = lambda name: helper.make_tensor_value_info(  # noqa: E731
+            name, TensorProto.FLOAT, [f"{name}_{axis}" for axis in range(ranks[name])]
+        )
+        node = helper.make_node(op_type, list(inputs), outputs, domain=DOMAIN, **attrs)
+        graph = helper.make_graph(
+            [node], f"fuzz_{op}", [value(n) for n in inputs], [value(n) for n in outputs]
+        )
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, VERSION)],
+            functions=[_function(op, width)],
+        )
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 2
+        if library:
+            path = custom_op_library("auto")
+            assert path is not None, "the ssmcc ORT library does not build here"
+            options.register_custom_ops_library(path)
+        _SESSIONS[key] = ort.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+    return _SESSIONS[key]
+
+
+def output_ranks(op: str, feed: dict) -> dict:
+    """Ranks of the node's outputs: ``out`` like its main input, the state like the state in."""
+    main = {"selective_scan": "u", "ssd_scan": "x"}.get(op, "x")
+    state = {
+        "selective_scan": "initial_state",
+        "selective_state_update": "state",
+        "causal_conv1d": "initial_state",
+        "causal_conv1d_update": "conv_state",
+        "ssd_scan": "initial_state",
+        "ssd_state_update": "state",
+    }.get(op)
+    ranks = {"out": feed[main].ndim}
+    if state is not None:
+        ranks["state_out"] = feed[state].ndim
+    return ranks
+
+
+def session_for(op: str, feed: dict, attrs: dict, library: bool):
+    """The session that runs ``feed`` (its ranks, its conv width) through the op's node."""
+    width = feed["weight"].shape[1] if op in ("causal_conv1d", "causal_conv1d_update") else None
+    ranks = {name: array.ndim for name, array in feed.items()} | output_ranks(op, feed)
+    return session(op, attrs, ranks, library, width)
+
+
+def run_onnx(case: Case, library: bool):
+    feed, attrs = node_form(case)
+    outputs = session_for(case.op, feed, attrs, library).run(None, feed)
+    return tuple(torch.from_numpy(o) for o in outputs)

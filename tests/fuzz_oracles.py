@@ -1,0 +1,116 @@
+"""The float64 oracle of the fuzz cases: each op's math (``ssmcc/ops`` docstrings), written
+independently of the op library, from the same already rounded inputs."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .fuzz_cases import Case
+
+
+def _f64(tensor):
+    return None if tensor is None else tensor.double()
+
+
+def _per_channel(tensor: torch.Tensor, dim: int, grouped_rank: int) -> torch.Tensor:
+    """B/C with one row per channel: channel c reads group c * g // d (shared: the only one)."""
+    if tensor.dim() == grouped_rank - 1:
+        return tensor.unsqueeze(1).expand(-1, dim, *tensor.shape[1:])
+    return tensor[:, torch.arange(dim) * tensor.shape[1] // dim]
+
+
+def _dt(delta, bias, softplus):
+    dt = delta if bias is None else delta + (bias[:, None] if delta.dim() == 3 else bias)
+    return F.softplus(dt) if softplus else dt
+
+
+def _gate(y, z):
+    return y if z is None else y * z * torch.sigmoid(z)
+
+
+def _ssd(op: str, a: dict):
+    """h_t = exp(dt A) h + dt x B (per head, B/C of the head's group), y = C.h + D x, gated."""
+    x = a["x"]
+    if op == "ssd_state_update":  # one position of the scan, from the given state
+        x, dt, B, C = x[:, None], a["dt"][:, None], a["B"][:, None], a["C"][:, None]
+        z = None if a["z"] is None else a["z"][:, None]
+        h = a["state"]
+    else:
+        dt, B, C, z, h = a["dt"], a["B"], a["C"], a["z"], a["initial_state"]
+    batch, length, heads, head_dim = x.shape
+    if h is None:
+        h = torch.zeros(batch, heads, head_dim, B.shape[-1], dtype=torch.float64)
+    group_of_head = torch.arange(heads) * B.shape[2] // heads
+    B, C = B[:, :, group_of_head], C[:, :, group_of_head]  # (b, l, h, n)
+    dt = dt if a["dt_bias"] is None else dt + a["dt_bias"]
+    dt = (F.softplus(dt) if a["dt_softplus"] else dt).clamp(a["dt_min"], a["dt_max"])
+    D = a["D"]
+    ys = []
+    for step in range(length):
+        decay = torch.exp(dt[:, step] * a["A"])[:, :, None, None]
+        h = decay * h + (dt[:, step, :, None] * x[:, step])[..., None] * B[:, step, :, None, :]
+        y = (h * C[:, step, :, None, :]).sum(-1)
+        if D is not None:
+            y = y + (D[:, None] if D.dim() == 1 else D) * x[:, step]
+        ys.append(_gate(y, None if z is None else z[:, step]))
+    out = torch.stack(ys, 1) if ys else x.new_zeros(x.shape)
+    return (out[:, 0] if op == "ssd_state_update" else out), h
+
+
+def _norm(a: dict):
+    x, z, gs = a["x"], a["z"], a["group_size"]
+    gate = None if z is None else z * torch.sigmoid(z)
+    h = x * gate if gate is not None and not a["norm_before_gate"] else x
+    grouped = h.unflatten(-1, (h.shape[-1] // gs, gs))
+    grouped = grouped / torch.sqrt((grouped * grouped).mean(-1, keepdim=True) + a["eps"])
+    out = grouped.flatten(-2) * a["weight"]
+    return (out * gate if gate is not None and a["norm_before_gate"] else out,)
+
+
+def oracle(case: Case) -> tuple[torch.Tensor, ...]:
+    """The op's outputs in float64."""
+    a = {k: _f64(v) if isinstance(v, torch.Tensor) else v for k, v in case.args.items()}
+    if case.op in ("ssd_scan", "ssd_state_update"):
+        return _ssd(case.op, a)
+    if case.op == "rmsnorm_gated":
+        return _norm(a)
+    if case.op == "selective_scan":
+        batch, dim, length = a["u"].shape
+        dt = _dt(a["delta"], a["delta_bias"], a["delta_softplus"])
+        B, C = (_per_channel(a[k], dim, 4) for k in "BC")
+        h = a["initial_state"]
+        h = torch.zeros(batch, dim, a["A"].shape[1], dtype=torch.float64) if h is None else h
+        ys = []
+        for step in range(length):
+            h = (
+                torch.exp(dt[..., step, None] * a["A"]) * h
+                + (dt[..., step] * a["u"][..., step])[..., None] * B[..., step]
+            )
+            ys.append((h * C[..., step]).sum(-1))
+        y = torch.stack(ys, -1) if ys else a["u"].new_zeros(batch, dim, 0)
+        y = y if a["D"] is None else y + a["D"][:, None] * a["u"]
+        return _gate(y, a["z"]), h
+    if case.op == "selective_state_update":
+        dim = a["state"].shape[1]
+        dt = _dt(a["dt"], a["dt_bias"], a["dt_softplus"])
+        B, C = (_per_channel(a[k], dim, 3) for k in "BC")
+        new = torch.exp(dt[..., None] * a["A"]) * a["state"] + (dt * a["x"])[..., None] * B
+        y = (new * C).sum(-1)
+        y = y if a["D"] is None else y + a["D"] * a["x"]
+        return _gate(y, a["z"]), new
+    x, weight = a["x"], a["weight"]
+    width = weight.shape[1]
+    if case.op == "causal_conv1d":
+        previous = a["initial_state"]
+        if previous is None:
+            previous = x.new_zeros(x.shape[0], x.shape[1], width - 1)
+    else:
+        previous, x = a["conv_state"], x[..., None]
+    xs = torch.cat([previous, x], -1)
+    length = x.shape[-1]
+    out = sum(weight[:, j, None] * xs[..., j : j + length] for j in range(width))
+    out = out if a["bias"] is None else out + a["bias"][:, None]
+    out = out * torch.sigmoid(out) if a["activation"] else out
+    state = xs[..., xs.shape[-1] - (width - 1) :]
+    return (out[..., 0], state) if case.op == "causal_conv1d_update" else (out, state)
