@@ -11,6 +11,7 @@ from torch import nn
 from torch.export import ExportedProgram
 
 from ssmcc.errors import ArtifactError, InputError, OptionError
+from ssmcc.frontend.dtypes import model_in_dtype
 from ssmcc.frontend.dynamic_length import relax_static_length
 from ssmcc.frontend.export import capture_with_report, is_hf_model, vocab_size_of
 from ssmcc.frontend.report import ssmcc_op_counts
@@ -84,9 +85,19 @@ def compile(
     the captured length the program is re-exported with a dynamic length, else it runs at that
     length only, without prefill/step/generate -- the report says which, and why),
     ``pipeline`` ("default"; "none": the raw capture), ``verify`` (the IR verifier after every
-    pass; it always runs once at the end), ``dtype`` and ``quantize`` (as the target implements).
+    pass; it always runs once at the end), ``dtype`` (the compute dtype, e.g. ``torch.bfloat16``:
+    the model is captured from a copy in that dtype; the ssmcc ops compute in float32 inside and
+    return the model's dtype, their states keep the dtype their contracts name) and ``quantize``
+    (as the target implements).
     """
     opts = compile_options(target, COMPILE, options)
+    if opts.dtype is not None:
+        if isinstance(model, ExportedProgram):
+            raise OptionError(
+                "dtype applies to a module, which ssmcc captures in that dtype; an "
+                "ExportedProgram is taken as it was exported: cast the module before exporting"
+            )
+        model = model_in_dtype(model, opts.dtype)
     started = time.perf_counter()
     token_model = is_hf_model(model)
     vocab_size = vocab_size_of(model) if token_model else None

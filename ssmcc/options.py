@@ -9,7 +9,8 @@ Common options (every target; ``stage`` says whether ``load`` takes them too):
     route       route known SSM layers (Hugging Face Mamba ...) to ssmcc ops at capture
     pipeline    pass pipeline run after capture ("default"; "none": the raw capture)
     dtype       the model's compute/activation dtype: None (as the model is), "float32",
-                "bfloat16", "float16"
+                "bfloat16", "float16" (or the torch dtype); the model is captured from a copy in
+                that dtype, the caller's model is left as it is
     quantize    how weights are stored: "none" (as computed), "bf16", "fp16", "int8"
     verify      run the IR verifier after every pass
 
@@ -17,8 +18,8 @@ A target adds options of its own (``Target.options``, e.g. the ONNX target's ``t
 which ``dtype`` / ``quantize`` values it implements; they are validated the same way. Every
 refusal is an ``OptionError`` naming the option, the value and what is accepted.
 
-This module imports nothing of ssmcc but ``errors``: the API, the command line (its choices and
-defaults), the runtime and the passes all read these definitions.
+This module imports nothing of ssmcc but ``errors`` (and torch, for dtypes): the API, the command
+line (its choices and defaults), the runtime and the passes all read these definitions.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import dataclasses
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import torch
 
 from ssmcc.errors import OptionError
 
@@ -128,6 +131,13 @@ COMMON_OPTIONS: dict[str, OptionSpec] = {
 }
 
 
+def dtype_name(value):
+    """``torch.bfloat16`` -> ``"bfloat16"``; any other value as it is (checked by its spec)."""
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    return value
+
+
 def check_chunk_size(chunk_size) -> int:
     """``chunk_size`` if it is a positive integer, else ``OptionError``."""
     return COMMON_OPTIONS["chunk_size"].check(chunk_size)
@@ -189,6 +199,8 @@ def resolve_options(
             )
         if name in choices:
             spec = dataclasses.replace(spec, choices=tuple(choices[name]))
+        if name == "dtype":
+            value = dtype_name(value)
         resolved[name] = spec.check(value)
     for name, supported in (("dtype", target.dtypes), ("quantize", target.quantize)):
         value = resolved.get(name)

@@ -1,7 +1,7 @@
 """Built-in model presets: Hugging Face model classes built from configs with random weights.
 
 Nothing can be downloaded here, so every preset is constructed locally (seeded, reproducible).
-``load_model(spec)`` also accepts a local directory as ``save_pretrained`` writes it.
+``load_model(spec)`` also accepts a local checkpoint directory (Hugging Face or mamba_ssm).
 """
 
 from __future__ import annotations
@@ -36,6 +36,37 @@ def _falcon_mamba_config(**overrides):
     return FalconMambaConfig(**overrides)
 
 
+def _mamba2_config(**overrides):
+    from transformers import Mamba2Config
+
+    return Mamba2Config(**overrides)
+
+
+# state-spaces/mamba2-130m: hidden 768, 24 layers, 24 heads of 64, 1 group, state 128, chunk 256.
+_MAMBA2_130M = dict(
+    vocab_size=50288,
+    hidden_size=768,
+    num_hidden_layers=24,
+    state_size=128,
+    head_dim=64,
+    num_heads=24,
+    n_groups=1,
+    expand=2,
+    conv_kernel=4,
+    chunk_size=256,
+)
+_MAMBA2_TINY = dict(
+    vocab_size=512,
+    hidden_size=64,
+    num_hidden_layers=2,
+    state_size=16,
+    head_dim=16,
+    num_heads=8,
+    n_groups=2,
+    expand=2,
+    conv_kernel=4,
+    chunk_size=16,
+)
 _MAMBA_130M = dict(
     vocab_size=50280, hidden_size=768, state_size=16, num_hidden_layers=24, expand=2, conv_kernel=4
 )
@@ -71,6 +102,19 @@ PRESETS: dict[str, Preset] = {
             lambda: _falcon_mamba_config(**_MAMBA_130M),
             "FalconMambaForCausalLM",
         ),
+        Preset(
+            "mamba2-tiny",
+            "Mamba-2, 2 layers, hidden 64, 8 heads of 16 in 2 groups, state 16, vocab 512",
+            lambda: _mamba2_config(**_MAMBA2_TINY),
+            "Mamba2ForCausalLM",
+        ),
+        Preset(
+            "mamba2-130m",
+            "Mamba-2 at the mamba2-130m shape: 24 layers, hidden 768, 24 heads of 64, "
+            "state 128, vocab 50288 (random weights)",
+            lambda: _mamba2_config(**_MAMBA2_130M),
+            "Mamba2ForCausalLM",
+        ),
     )
 }
 
@@ -89,19 +133,12 @@ def build_preset(name: str, seed: int = 0) -> nn.Module:
 
 
 def load_model(spec: str) -> nn.Module:
-    """A local Hugging Face model directory (``config.json`` + weights) or a preset name."""
+    """A local model directory (Hugging Face or mamba_ssm format: ``config.json`` + weights;
+    ``ssmcc.frontend.checkpoints``) or a preset name."""
     if os.path.isdir(spec):
-        if not os.path.isfile(os.path.join(spec, "config.json")):
-            raise InputError(
-                f"{spec} is a directory but has no config.json: pass a directory written by "
-                "save_pretrained, or a preset name"
-            )
-        from transformers import AutoModelForCausalLM
+        from ssmcc.frontend.checkpoints import load_checkpoint
 
-        try:
-            return AutoModelForCausalLM.from_pretrained(spec).eval()
-        except Exception as error:
-            raise InputError(f"could not load the model in {spec}: {error}") from error
+        return load_checkpoint(spec)
     if spec in PRESETS:
         return build_preset(spec)
     known = ", ".join(PRESETS)

@@ -52,7 +52,8 @@ def golden(request):
 
 
 def make_hf_model(family: str, seed: int = 0, **overrides):
-    """A small HF causal LM with random weights, odd sizes (hidden 24, state 5, ...)."""
+    """A small HF causal LM with random weights, odd sizes (hidden 24, state 5, ...):
+    ``mamba``, ``falcon_mamba`` or ``mamba2``."""
     import transformers
 
     config = dict(
@@ -64,17 +65,21 @@ def make_hf_model(family: str, seed: int = 0, **overrides):
         conv_kernel=4,
         time_step_rank=3,
     )
+    if family == "mamba2":  # 6 heads of 8 in 2 groups (intermediate 48 = heads x head_dim)
+        config.pop("time_step_rank")
+        config.update(num_heads=6, head_dim=8, n_groups=2, chunk_size=16)
     config.update(overrides)
     config_class, model_class = {
         "mamba": (transformers.MambaConfig, transformers.MambaForCausalLM),
         "falcon_mamba": (transformers.FalconMambaConfig, transformers.FalconMambaForCausalLM),
+        "mamba2": (transformers.Mamba2Config, transformers.Mamba2ForCausalLM),
     }[family]
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = model_class(config_class(**config))
         # Random (not the init scheme's) A_log, D and dt bias so every term of the scan matters.
         for name, param in model.named_parameters():
-            if name.endswith(("A_log", ".D", "dt_proj.bias")):
+            if name.endswith(("A_log", ".D", "dt_proj.bias", "dt_bias")):
                 param.data.uniform_(-1.0, 1.0)
     return model.eval()
 

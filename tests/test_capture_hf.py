@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 import pytest
@@ -25,8 +26,8 @@ def _module_globals():
     snapshot = {}
     for route in known_routes():
         module = importlib.import_module(route.module)
-        for name in route.replacements:
-            snapshot[(route.module, name)] = getattr(module, name)
+        for name in route.replacements:  # "f" or "Class.method"
+            snapshot[(route.module, name)] = functools.reduce(getattr, name.split("."), module)
     return snapshot
 
 

@@ -8,4 +8,5 @@ TARGET = Target(
     name="torch",
     summary="eager PyTorch with ssmcc's C++ CPU kernels; saved as .pt2 programs + safetensors",
     implementation="ssmcc.lowering.torch.target",
+    dtypes=("float32", "bfloat16", "float16"),
 )

@@ -17,7 +17,7 @@ class Route:
     name: str
     module: str
     mixer_classes: tuple[str, ...]
-    replacements: Mapping[str, Callable]
+    replacements: Mapping[str, Callable]  # module attribute (or Class.method) -> replacement
 
 
 @dataclasses.dataclass

@@ -1,7 +1,8 @@
 """Scoped routing of known model implementations to the ssmcc ops.
 
 A ``Route`` names a Python module (e.g. ``transformers.models.mamba.modeling_mamba``), the mixer
-classes in it, and replacements for module-level functions those mixers call at run time. Inside
+classes in it, and replacements for module-level functions those mixers call at run time (a
+dotted name, ``Class.method``, replaces a method of a class defined in that module). Inside
 ``routed(model)`` the replacements are installed in every module that one of the model's submodule
 classes comes from, and they are always restored on exit, also when capture fails: the user's model
 object and the library are never changed permanently.
@@ -10,18 +11,19 @@ object and the library are never changed permanently.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import sys
 from collections.abc import Iterator
 
 from torch import nn
 
-from ssmcc.frontend import hf_mamba1
+from ssmcc.frontend import hf_mamba1, hf_mamba2
 from ssmcc.frontend.route import ACTIVE_ROUTINGS, Route, RoutingRecord
 
 
 def known_routes() -> tuple[Route, ...]:
-    return hf_mamba1.ROUTES
+    return hf_mamba1.ROUTES + hf_mamba2.ROUTES
 
 
 def routes_for(model: nn.Module) -> list[Route]:
@@ -50,9 +52,11 @@ def routed(model: nn.Module) -> Iterator[RoutingRecord]:
     try:
         for route in routes:
             module = sys.modules.get(route.module) or importlib.import_module(route.module)
-            for attribute, replacement in route.replacements.items():
-                saved.append((module, attribute, getattr(module, attribute)))
-                setattr(module, attribute, replacement)
+            for path, replacement in route.replacements.items():
+                owner, _, attribute = path.rpartition(".")
+                target = functools.reduce(getattr, owner.split("."), module) if owner else module
+                saved.append((target, attribute, getattr(target, attribute)))
+                setattr(target, attribute, replacement)
         yield record
     finally:
         for module, attribute, original in reversed(saved):
