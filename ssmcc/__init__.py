@@ -31,6 +31,7 @@ _LAZY = {
     "CaptureReport": "ssmcc.frontend.report",
     "compile": "ssmcc.api",
     "load": "ssmcc.api",
+    "load_checkpoint": "ssmcc.frontend.checkpoints",
     "CompiledModel": "ssmcc.runtime.compiled",
     "CompileReport": "ssmcc.runtime.report",
     "PrefixCache": "ssmcc.runtime.prefix_cache",
@@ -70,4 +71,5 @@ __all__ = [
     "capture_with_report",
     "compile",
     "load",
+    "load_checkpoint",
 ]
