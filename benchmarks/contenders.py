@@ -3,7 +3,8 @@
 A runner answers ``prefill(ids) -> logits`` and ``generate(ids, new_tokens) -> ids``, and
 carries ``info`` (preparation time, graph nodes, artifact size, whether it runs at another
 length). A suite a contender cannot run raises ``Unsupported`` with the reason (the row's note).
-Later issues add ssmcc targets here (one entry each).
+Later issues add ssmcc targets here (one entry each). A contender timed by an external tool
+(llama.cpp's ``llama-bench``) fills ``Runner.measure`` instead.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from benchmarks.stats import invert
+
 
 class Unsupported(Exception):
     """This contender cannot run this suite; the message says why."""
@@ -28,6 +31,9 @@ class Runner:
     generate: Callable[[torch.Tensor, int], torch.Tensor] | None = None
     info: dict = dataclasses.field(default_factory=dict)
     compiled: object = None  # an ssmcc CompiledModel: chunked prefill, prefix cache
+    # suite -> fn(spec) -> measured fields per row, for a contender that times itself (an
+    # external tool); each entry is one row's fields besides suite and contender
+    measure: dict = dataclasses.field(default_factory=dict)
 
     def require_generate(self, contender: str):
         if self.generate is None:
@@ -210,6 +216,60 @@ def prepare_matmuls_only(model: nn.Module, ctx: dict) -> Runner:
     )
 
 
+def _prepare_llama_cpp(model: nn.Module, ctx: dict, outtype: str) -> Runner:
+    """llama.cpp (``benchmarks/llama_cpp.py``): GGUF ``outtype`` timed by llama-bench."""
+    from benchmarks import llama_cpp
+    from benchmarks.stats import summarize
+
+    try:
+        gguf, convert_s = llama_cpp.convert(model, outtype)
+    except llama_cpp.LlamaCppMissing as missing:
+        raise Unsupported(str(missing)) from None
+    threads = ctx["threads"]
+
+    def seconds_of(entry: dict, tokens: int) -> dict:
+        return summarize([tokens / rate for rate in entry["samples_ts"]])
+
+    def prefill_rows(spec: dict) -> list[dict]:
+        rows = []
+        for length in spec["lengths"]:
+            entry = llama_cpp.bench(gguf, threads, length, 0, spec["repeats"])
+            seconds = seconds_of(entry, length)
+            rows.append(
+                dict(
+                    batch=1,
+                    length=length,
+                    seconds=seconds,
+                    tokens_per_s=invert(seconds, length),
+                    remark="llama.cpp computes the last position's logits only",
+                )
+            )
+        return rows
+
+    def decode_rows(spec: dict) -> list[dict]:
+        new = spec["new_tokens"]
+        entry = llama_cpp.bench(gguf, threads, 0, new, spec["repeats"])
+        per_token = seconds_of(entry, new)
+        return [
+            dict(
+                batch=1,
+                prompt_length=0,
+                new_tokens=new,
+                ms_per_token={k: v * 1e3 if k != "n" else v for k, v in per_token.items()},
+                tokens_per_s=invert(per_token, 1),
+                remark="llama-bench tg: generation from an empty context",
+            )
+        ]
+
+    info = {
+        "prepare_s": convert_s,
+        "prepare_what": f"save_pretrained + convert_hf_to_gguf.py --outtype {outtype}",
+        "artifact_MB": os.path.getsize(gguf) / 1e6,
+        "runs_other_length": True,
+    }
+    return Runner(None, None, info, measure={"prefill": prefill_rows, "decode": decode_rows})
+
+
 def prepare_debug_fail(model: nn.Module, ctx: dict) -> Runner:
     """Harness self-test: a contender whose preparation raises."""
     raise RuntimeError("debug-fail: this contender always fails (harness self-test)")
@@ -240,6 +300,13 @@ UNSUPPORTED_SUITES: dict[str, dict[str, str]] = {
         suite: "a prefill bound only"
         for suite in ("decode", "memory", "export", "long-prefill", "prefix-cache")
     },
+    **{
+        name: {
+            suite: "timed by llama-bench: prefill and decode only"
+            for suite in ("memory", "long-prefill", "prefix-cache")
+        }
+        for name in ("llama-cpp", "llama-cpp-f16", "llama-cpp-q8_0")
+    },
 }
 
 CONTENDERS: dict[str, Callable[[nn.Module, dict], Runner]] = {
@@ -250,5 +317,8 @@ CONTENDERS: dict[str, Callable[[nn.Module, dict], Runner]] = {
     "ssmcc-onnx": prepare_ssmcc_onnx,
     "ssmcc-onnx-portable": prepare_ssmcc_onnx_portable,
     "matmuls-only": prepare_matmuls_only,
+    "llama-cpp": lambda model, ctx: _prepare_llama_cpp(model, ctx, "f32"),
+    "llama-cpp-f16": lambda model, ctx: _prepare_llama_cpp(model, ctx, "f16"),
+    "llama-cpp-q8_0": lambda model, ctx: _prepare_llama_cpp(model, ctx, "q8_0"),
 }
 DEBUG_CONTENDERS = {"debug-fail": prepare_debug_fail, "debug-hang": prepare_debug_hang}

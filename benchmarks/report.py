@@ -55,6 +55,11 @@ def _problem(row: dict) -> str | None:
     return None
 
 
+def _remark(row: dict) -> str:
+    """What a measured row says about itself (e.g. llama.cpp's last-token-only prefill)."""
+    return f"   [{row['remark']}]" if "remark" in row else ""
+
+
 def format_table(result: dict) -> str:
     rows, bounds, machine = result["rows"], result["bounds"], result["machine"]
     out = [
@@ -89,13 +94,14 @@ def format_table(result: dict) -> str:
                 out.append(
                     f"{name} {shape} {_fmt(row['tokens_per_s'])} tok/s   "
                     f"{_ratio(row)} HF   {100 * row['of_bound']:.0f}% of bound{matmul}"
+                    + _remark(row)
                 )
             elif suite == "decode":
+                ttft = f"TTFT {row['ttft_s']['median'] * 1e3:.0f} ms  " if "ttft_s" in row else ""
                 out.append(
                     f"{name} {shape} {_fmt(row['ms_per_token'])} ms/token  "
-                    f"({row['tokens_per_s']['median']:.1f} tok/s)  TTFT "
-                    f"{row['ttft_s']['median'] * 1e3:.0f} ms  {_ratio(row)} HF  "
-                    f"{row['x_bound_time']:.2f}x the bound's time"
+                    f"({row['tokens_per_s']['median']:.1f} tok/s)  {ttft}{_ratio(row)} HF  "
+                    f"{row['x_bound_time']:.2f}x the bound's time" + _remark(row)
                 )
             elif suite == "memory":
                 out.append(

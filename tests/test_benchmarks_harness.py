@@ -64,3 +64,56 @@ def test_reroll_benchmark_measures_one_model():
     assert all(row[key] > 0 for key in ("exported_ms", "ssmcc_torch_ms", "eager_ms"))
     table = format_rows([row])
     assert table.splitlines()[2].startswith("loop") and "x" in table
+
+
+def _worker_rows(contender: str, suite: str, env: dict) -> list[dict]:
+    spec = {
+        "suite": suite,
+        "contender": contender,
+        "model": "mamba-tiny",
+        "lengths": [16],
+        "batch": 1,
+        "repeats": 2,
+        "threads": 2,
+        "prompt_length": 4,
+        "new_tokens": 8,
+        "export_length": 16,
+        "long_repeats": 1,
+        "prefix_prompt_length": 32,
+        "prefix_cached_length": 16,
+        "seed": 0,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.worker", json.dumps(spec)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("BENCH_ROW ")]
+    return [json.loads(line.removeprefix("BENCH_ROW ")) for line in lines]
+
+
+def test_llama_cpp_contender_says_where_to_find_it():
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "SSMCC_LLAMA_CPP"}
+    (row,) = _worker_rows("llama-cpp", "prefill", env)
+    assert "set SSMCC_LLAMA_CPP to a llama.cpp tree" in row["note"]
+    (row,) = _worker_rows("llama-cpp", "memory", env)
+    assert "timed by llama-bench" in row["note"]
+
+
+@pytest.mark.skipif(
+    "SSMCC_LLAMA_CPP" not in __import__("os").environ,
+    reason="llama.cpp not built here (SSMCC_LLAMA_CPP unset; benchmarks/README.md)",
+)
+def test_llama_cpp_contender_measures_prefill_and_decode():
+    import os
+
+    (prefill,) = _worker_rows("llama-cpp", "prefill", dict(os.environ))
+    assert prefill["tokens_per_s"]["median"] > 0 and "last position" in prefill["remark"]
+    (decode,) = _worker_rows("llama-cpp", "decode", dict(os.environ))
+    assert decode["ms_per_token"]["median"] > 0
