@@ -1,15 +1,22 @@
-"""``detect_selective_scan`` — rewrite selective scans that capture did not route into the ssmcc op.
+"""``detect_selective_scan`` — rewrite selective scans that capture did not route into ssmcc ops.
 
 Before: a program whose Mamba-1 scans are written out in ATen — a Python loop unrolled by a
 static-length export, torch's ``scan`` higher-order op, or a parallel scan such as mamba.py's
-``pscan`` — around the discretisation ``exp(Δ ⊗ A)``, ``Δ ⊗ B ⊗ u`` and a readout ``C · h``.
-After: one ``ssmcc::selective_scan`` per scan, whose result replaces the scan's outputs (and the
-final state, where it is used); the loop becomes dead code for ``eliminate_dead_code``.
+``pscan`` — around the discretisation ``exp(Δ ⊗ A)``, ``Δ ⊗ B ⊗ u`` and a readout ``C · h``;
+or Mamba-2 (SSD) scans, as a per-step loop in head layout (state (b, h, p, n), one A per head)
+or as the chunked block decomposition of Hugging Face's torch path at a static length.
+After: one ``ssmcc::selective_scan`` (Mamba-1) or ``ssmcc::ssd_scan`` (SSD) per scan, whose
+result replaces the scan's outputs (and the final state, where it is used); the loop becomes dead
+code for ``eliminate_dead_code``.
 
 Rules (hits counted by name; a candidate that is rejected is reported in ``ctx.diagnostics`` with
 its location, the rule that came closest, and the check that failed):
 
-- ``unrolled_loop``, ``scan_op``, ``parallel_scan``: the three forms (``recurrence*.py``).
+- ``unrolled_loop``, ``scan_op``, ``parallel_scan``: the three forms (``recurrence*.py``); a
+  loop whose state has four dims is read as SSD (``ssd_loop.py``).
+- ``chunked_ssd``: SSD's chunked form, read by its boundary and accepted by a numerical identity
+  check against the op's reference (``ssd_chunked.py``).
+- ``fold_dt_limit``: (SSD) ``clamp(dt, lo, hi)`` after the softplus becomes ``dt_min``/``dt_max``.
 - ``fold_softplus``, ``fold_delta_bias``: Δ = softplus(δ + bias) becomes the op's
   ``delta_softplus`` and ``delta_bias``, where the graph computes it so.
 - ``fold_skip``: ``y + D ⊙ u`` after the scan becomes the op's ``D``.
@@ -39,9 +46,7 @@ from ssmcc.passes.dim_labels import (
     Labels,
     arrange,
     broadcast_labels,
-    dim_sources,
     make_emitter,
-    output_labels,
     shape,
     unlabel_to,
     value,
@@ -49,7 +54,7 @@ from ssmcc.passes.dim_labels import (
 from ssmcc.passes.locations import location
 from ssmcc.passes.pass_base import PassContext, PassResult
 from ssmcc.passes.program import rebuild_program
-from ssmcc.passes.recurrence import MAMBA1, NotACandidate, Recurrence
+from ssmcc.passes.recurrence import MAMBA1, MAMBA1_OR_SSD, SSD, NotACandidate, Recurrence
 from ssmcc.passes.recurrence_parallel import find_parallel_scan, parallel_scan_candidates
 from ssmcc.passes.recurrence_scan_op import find_scan_op
 from ssmcc.passes.recurrence_unrolled import find_unrolled
@@ -57,14 +62,18 @@ from ssmcc.passes.scan_factoring import (
     TIME,
     Atom,
     Mismatch,
-    Roles,
     ScanFactors,
     StepContext,
     factor,
-    read_contraction,
+    label_sizes,
+    place_atom,
     read_discretisation,
     require,
 )
+from ssmcc.passes.scan_readout import read_output
+from ssmcc.passes.ssd_chunked import match_chunked_ssd
+from ssmcc.passes.ssd_loop import match_ssd_loop
+from ssmcc.passes.ssd_match import SsdMatch, rewrite_ssd
 
 aten = torch.ops.aten
 PASS_NAME = "detect_selective_scan"
@@ -86,44 +95,6 @@ class ScanMatch:
     softplus: bool = False
     last_state: list[Labelled] = dataclasses.field(default_factory=list)
     folds: list[str] = dataclasses.field(default_factory=list)
-
-
-def _follow_layout(node: Node, labels: Labels) -> tuple[Node, Labels]:
-    """Extend ``node`` through single-user data-movement ops."""
-    while len(node.users) == 1:
-        user = next(iter(node.users))
-        following = output_labels(user, labels) if user.args and user.args[0] is node else None
-        if following is None:
-            break
-        node, labels = user, following
-    return node, labels
-
-
-def _read_states(states: Labelled, roles: Roles, ctx: StepContext):
-    """The readout and final-state uses of a whole state sequence (``hs = stack(h_t)``)."""
-    readouts, last = [], []
-    frontier = [(states.node, states.labels)]
-    while frontier:
-        node, labels = frontier.pop()
-        for user in list(node.users):
-            following = output_labels(user, labels) if user.args[0] is node else None
-            if following is not None:
-                frontier.append((user, following))
-                continue
-            time_axis = labels.index(TIME)
-            if user.target == aten.select.int and user.args[1] % len(labels) == time_axis:
-                require(
-                    user.args[2] in (-1, shape(node)[time_axis] - 1),
-                    f"{user.name} reads the state at step {user.args[2]}, not the last",
-                )
-                last.append(Labelled(user, labels[:time_axis] + labels[time_axis + 1 :]))
-                continue
-            reader = user
-            if user.target == aten.mul.Tensor and len(user.users) == 1:
-                reader = next(iter(user.users))
-            readouts.append(read_contraction(reader, node, labels, roles.state, ctx))
-    require(len(readouts) == 1, f"the state sequence is read out {len(readouts)} times; expected 1")
-    return readouts[0], last
 
 
 def _softplus_and_bias(match: ScanMatch) -> None:
@@ -202,26 +173,7 @@ def match_scan(recurrence: Recurrence) -> ScanMatch:
     factors = read_discretisation(
         recurrence.decay, recurrence.drive, recurrence.state_labels, recurrence.ctx, MAMBA1
     )
-    last = list(recurrence.last_state)
-    if recurrence.states is not None:
-        readout, last_uses = _read_states(recurrence.states, factors.roles, recurrence.ctx)
-        output = Labelled(readout.node, readout.labels)
-        last += last_uses
-    else:
-        step_out, h = recurrence.step_output
-        reader, chain = step_out, []
-        while reader is not h and dim_sources(reader) is not None:
-            chain.append(reader)
-            reader = reader.args[0]
-        readout = read_contraction(
-            reader, h, recurrence.state_labels, factors.roles.state, recurrence.ctx
-        )
-        labels = readout.labels
-        for link in reversed(chain):
-            labels = output_labels(link, labels)
-        collected, axis = recurrence.collected
-        output = Labelled(collected, labels[:axis] + (TIME,) + labels[axis:])
-    node, labels = _follow_layout(output.node, output.labels)
+    readout, (node, labels), last = read_output(recurrence, factors.roles.state)
     roles = factors.roles
     require(
         {lab for lab in labels if lab is not None} == {roles.batch, roles.channel, TIME},
@@ -233,19 +185,6 @@ def match_scan(recurrence: Recurrence) -> ScanMatch:
     return match
 
 
-def _sizes(emit, atoms: list[Atom]) -> dict:
-    sizes = {}
-    for atom in atoms:
-        for dim, label in enumerate(atom.labels):
-            if label is None or label in sizes:
-                continue
-            size = shape(atom.node)[dim]
-            sizes[label] = (
-                size if isinstance(size, int) else emit(aten.sym_size.int, atom.node, dim)
-            )
-    return sizes
-
-
 def rewrite(match: ScanMatch, graph_module: GraphModule) -> None:
     """Insert the ``selective_scan`` call for ``match`` and point the scan's users at it."""
     graph = graph_module.graph
@@ -254,20 +193,10 @@ def rewrite(match: ScanMatch, graph_module: GraphModule) -> None:
     f, roles = match.factors, match.factors.roles
     b, d, n = roles.batch, roles.channel, roles.state
     with graph.inserting_before(match.output.node):
-        sizes = _sizes(emit, [f.u, f.A, f.B, f.delta, match.C])
+        sizes = label_sizes(emit, [f.u, f.A, f.B, f.delta, match.C])
 
         def place(atom: Atom | None, want: Labels):
-            if atom is None:
-                return None
-            node = arrange(emit, Labelled(atom.node, atom.labels), want, sizes)
-            for op in atom.chain:
-                if isinstance(op, tuple):  # (binary op, other operand, its position)
-                    op, other, index = op
-                    other = place(other, want) if isinstance(other, Atom) else other
-                    node = emit(op, *((node, other) if index == 1 else (other, node)))
-                else:
-                    node = emit(op, node)
-            return node
+            return None if atom is None else place_atom(emit, atom, want, sizes)
 
         init = match.recurrence.init
         initial_state = None
@@ -355,6 +284,8 @@ def _candidates(graph_module: GraphModule) -> list[tuple[str, Node]]:
             found.append(("unrolled_loop", node))
         elif node.op == "call_function" and node.target is torch.ops.higher_order.scan:
             found.append(("scan_op", node))
+        elif node.op == "call_function" and node.target == aten.cumsum.default:
+            found.append(("chunked_ssd", node))
     found += [("parallel_scan", exp) for exp in parallel_scan_candidates(graph, MAMBA1)]
     return found
 
@@ -363,8 +294,9 @@ class _Finder:
     """Reads a candidate with the finder of its rule; the data-flow graph the parallel-scan
     finder needs is built once and rebuilt after each rewrite."""
 
-    def __init__(self, graph_module: GraphModule):
-        self.graph_module = graph_module
+    def __init__(self, program: ExportedProgram):
+        self.program = program
+        self.graph_module = program.graph_module
         self._dag = None
 
     def changed(self) -> None:
@@ -377,8 +309,12 @@ class _Finder:
         return self._dag
 
     def __call__(self, rule: str, node: Node) -> Recurrence:
+        if rule == "chunked_ssd":
+            return match_chunked_ssd(node, self.program)
         if rule == "unrolled_loop":
-            return find_unrolled(node, MAMBA1)
+            recurrence = find_unrolled(node, MAMBA1_OR_SSD)
+            rank = len([lab for lab in recurrence.state_labels if lab not in (None, TIME)])
+            return match_ssd_loop(recurrence) if rank == SSD.state_rank else recurrence
         if rule == "scan_op":
             return find_scan_op(node, self.graph_module, MAMBA1)
         return find_parallel_scan(node, self.dag(), MAMBA1)
@@ -392,12 +328,13 @@ def detect_selective_scan(program: ExportedProgram, ctx: PassContext) -> PassRes
     graph_module = program.graph_module
     rejected = ctx.diagnostics
     consumed: set = set()
-    find = _Finder(graph_module)
+    find = _Finder(program)
     for rule, node in _candidates(graph_module):
         if node in consumed:
             continue
         try:
-            match = match_scan(find(rule, node))
+            found = find(rule, node)
+            match = found if isinstance(found, SsdMatch) else match_scan(found)
         except NotACandidate:
             continue
         except (Mismatch, ArrangeError) as error:
@@ -405,8 +342,12 @@ def detect_selective_scan(program: ExportedProgram, ctx: PassContext) -> PassRes
                 f"{location(node)}: {getattr(error, 'reason', error)}"
             )
             continue
-        rewrite(match, graph_module)
-        hits[match.recurrence.rule] += 1
+        if isinstance(match, SsdMatch):
+            rewrite_ssd(match, graph_module)
+            hits[match.rule] += 1
+        else:
+            rewrite(match, graph_module)
+            hits[match.recurrence.rule] += 1
         hits.update(match.folds)
         consumed |= _dead_after(graph_module)
         find.changed()

@@ -41,15 +41,21 @@ class ScanLayout:
     name: str
     state_rank: int
     A_rank: int
+    also_rank: int | None = None  # a second family's state rank the finder also accepts
 
     def check_state(self, rank: int, where: str, what: str) -> None:
+        ranks = {self.state_rank, self.also_rank} - {None}
         require(
-            rank == self.state_rank,
-            f"{where}: {what} has {rank} dims; a {self.name} state has {self.state_rank}",
+            rank in ranks,
+            f"{where}: {what} has {rank} dims; a {self.name} state has "
+            f"{' or '.join(str(r) for r in sorted(ranks))}",
         )
 
 
 MAMBA1 = ScanLayout("Mamba-1 selective scan", state_rank=3, A_rank=2)
+SSD = ScanLayout("Mamba-2 SSD scan", state_rank=4, A_rank=1)
+# Loops are read for both families; the state's rank says which factoring applies.
+MAMBA1_OR_SSD = ScanLayout("Mamba-1 or SSD scan", state_rank=3, A_rank=2, also_rank=4)
 
 
 class NotACandidate(Exception):

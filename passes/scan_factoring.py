@@ -29,7 +29,9 @@ import torch
 from torch.fx import Node
 
 from ssmcc.passes.dim_labels import (
+    Labelled,
     Labels,
+    arrange,
     broadcast_labels,
     input_labels,
     labels_along,
@@ -384,3 +386,30 @@ def broadcast_labels_from(op_shape: tuple, result_labels: Labels, result_shape: 
         None if size == 1 and result_shape[i + offset] != 1 else result_labels[i + offset]
         for i, size in enumerate(op_shape)
     )
+
+
+def label_sizes(emit, atoms: list[Atom]) -> dict:
+    """label -> size (an int, or a ``sym_size`` node) over the dims of ``atoms``."""
+    sizes = {}
+    for atom in atoms:
+        for dim, label in enumerate(atom.labels):
+            if label is None or label in sizes:
+                continue
+            size = shape(atom.node)[dim]
+            sizes[label] = (
+                size if isinstance(size, int) else emit(aten.sym_size.int, atom.node, dim)
+            )
+    return sizes
+
+
+def place_atom(emit, atom: Atom, want: Labels, sizes: dict) -> Node:
+    """Emit ``atom`` (its chain applied to the whole tensor) with dims ``want``."""
+    node = arrange(emit, Labelled(atom.node, atom.labels), want, sizes)
+    for op in atom.chain:
+        if isinstance(op, tuple):  # (binary op, other operand, its position)
+            op, other, index = op
+            other = place_atom(emit, other, want, sizes) if isinstance(other, Atom) else other
+            node = emit(op, *((node, other) if index == 1 else (other, node)))
+        else:
+            node = emit(op, node)
+    return node
