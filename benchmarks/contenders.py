@@ -227,14 +227,11 @@ def _prepare_llama_cpp(model: nn.Module, ctx: dict, outtype: str) -> Runner:
         raise Unsupported(str(missing)) from None
     threads = ctx["threads"]
 
-    def seconds_of(entry: dict, tokens: int) -> dict:
-        return summarize([tokens / rate for rate in entry["samples_ts"]])
-
     def prefill_rows(spec: dict) -> list[dict]:
         rows = []
         for length in spec["lengths"]:
             entry = llama_cpp.bench(gguf, threads, length, 0, spec["repeats"])
-            seconds = seconds_of(entry, length)
+            seconds = summarize(llama_cpp.seconds_per_run(entry, length))
             rows.append(
                 dict(
                     batch=1,
@@ -249,7 +246,7 @@ def _prepare_llama_cpp(model: nn.Module, ctx: dict, outtype: str) -> Runner:
     def decode_rows(spec: dict) -> list[dict]:
         new = spec["new_tokens"]
         entry = llama_cpp.bench(gguf, threads, 0, new, spec["repeats"])
-        per_token = seconds_of(entry, new)
+        per_token = summarize(llama_cpp.seconds_per_run(entry, 1))
         return [
             dict(
                 batch=1,

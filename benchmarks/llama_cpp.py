@@ -83,3 +83,9 @@ def bench(gguf: str, threads: int, prompt: int, generate: int, repeats: int) -> 
         raise RuntimeError(f"llama-bench failed: {done.stderr.strip()[-200:]}")
     (entry,) = json.loads(done.stdout)
     return entry
+
+
+def seconds_per_run(entry: dict, tokens: int) -> list[float]:
+    """Seconds per ``tokens`` tokens for each of llama-bench's samples (``samples_ts`` are
+    tokens per second): ``tokens`` = the prompt length for prefill, 1 for decode's per token."""
+    return [tokens / rate for rate in entry["samples_ts"]]
