@@ -34,19 +34,23 @@ inline float ssd_dt(const SsdArgs& a, float raw, int64_t head) {
   return std::fmin(std::fmax(v, a.dt_min), a.dt_max);
 }
 
-// One position of one row: h = decay h + dt x B; out = C.h + D x (gated). ``h``: (p, n).
+// One position of one row: h = decay h_in + dt x B; out = C.h + D x (gated). ``h_in``, ``h``:
+// (p, n); they may be the same buffer (the scan updates in place; a step reads the state in and
+// writes the state out in one pass).
 inline void ssd_position(const SsdArgs& a, int64_t head, float step, const float* x,
-                         const float* B, const float* C, const float* z, float* h, float* out) {
+                         const float* B, const float* C, const float* z, const float* h_in,
+                         float* h, float* out) {
   const int64_t n_state = a.dstate;
   const float decay = std::exp(step * a.A[head]);
   const float* D = a.D ? a.D + head * a.head_dim : nullptr;
   for (int64_t p = 0; p < a.head_dim; ++p) {
     const float drive = step * x[p];
+    const float* hp_in = h_in + p * n_state;
     float* hp = h + p * n_state;
     float acc = 0.f;
 #pragma omp simd reduction(+ : acc)
     for (int64_t i = 0; i < n_state; ++i) {
-      const float hi = decay * hp[i] + drive * B[i];
+      const float hi = decay * hp_in[i] + drive * B[i];
       hp[i] = hi;
       acc += hi * C[i];
     }
@@ -68,7 +72,7 @@ inline void ssd_scan_rows(const SsdArgs& a, int64_t row_begin, int64_t row_end) 
       const int64_t at = (token * H + head) * P;
       const float* Bt = a.B + (token * a.groups + g) * N;
       const float* Ct = a.C + (token * a.groups + g) * N;
-      ssd_position(a, head, step, a.x + at, Bt, Ct, a.z ? a.z + at : nullptr, h, a.out + at);
+      ssd_position(a, head, step, a.x + at, Bt, Ct, a.z ? a.z + at : nullptr, h, h, a.out + at);
     }
   }
 }
@@ -78,13 +82,11 @@ inline void ssd_state_update_rows(const SsdArgs& a, int64_t row_begin, int64_t r
   const int64_t H = a.heads, P = a.head_dim, N = a.dstate, per_group = a.heads / a.groups;
   for (int64_t row = row_begin; row < row_end; ++row) {
     const int64_t b = row / H, head = row % H, g = head / per_group;
-    float* h = a.last + row * P * N;
-    for (int64_t i = 0; i < P * N; ++i) h[i] = a.h0[row * P * N + i];
     const float step = ssd_dt(a, a.dt[row], head);
     const float* B = a.B + (b * a.groups + g) * N;
     const float* C = a.C + (b * a.groups + g) * N;
-    ssd_position(a, head, step, a.x + row * P, B, C, a.z ? a.z + row * P : nullptr, h,
-                 a.out + row * P);
+    ssd_position(a, head, step, a.x + row * P, B, C, a.z ? a.z + row * P : nullptr,
+                 a.h0 + row * P * N, a.last + row * P * N, a.out + row * P);
   }
 }
 
