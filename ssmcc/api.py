@@ -36,9 +36,9 @@ def static_sequence_length(program) -> int | None:
     return None
 
 
-def scan_findings(diagnostics: dict[str, list[str]]) -> list[str]:
-    """What looked like a selective scan but was not rewritten, and why (for the report)."""
-    prefix = "detect_selective_scan."
+def pass_findings(diagnostics: dict[str, list[str]], name: str) -> list[str]:
+    """What pass ``name``'s rules looked at but did not rewrite, and why (for the report)."""
+    prefix = f"{name}."
     return [
         f"{rule[len(prefix) :]}: {reason}"
         for rule, reasons in diagnostics.items()
@@ -61,6 +61,11 @@ def compile_options(target: str, stage: str, values: dict):
         known_targets=targets,
         choices={"pipeline": tuple(PIPELINES)},
     )
+
+
+def _unsupported_ops(target: str) -> dict[str, str]:
+    """The ops ``target`` cannot run (the fusion pass fuses only into ops it runs)."""
+    return get_target(target).module().unsupported_ops()
 
 
 def compile(
@@ -111,7 +116,10 @@ def compile(
     captured, capture_report = capture_with_report(
         model, example_inputs, dynamic=True, route=opts.route
     )
-    ctx = PassContext(verify=opts.verify)
+    ctx = PassContext(
+        verify=opts.verify,
+        options={"fuse_scan_norm_mlp": {"unsupported": _unsupported_ops(opts.target)}},
+    )
     program, pipeline_report = run_passes(captured, pipeline(opts.pipeline), ctx)
     static_length = static_sequence_length(program) if token_model else None
     if static_length is not None:
@@ -147,7 +155,8 @@ def compile(
         node_count=len(program.graph.nodes),
         op_counts=info["ssmcc_ops"],
         compile_seconds=round(time.perf_counter() - started, 3),
-        findings=scan_findings(ctx.diagnostics),
+        findings=pass_findings(ctx.diagnostics, "detect_selective_scan"),
+        not_fused=pass_findings(ctx.diagnostics, "fuse_scan_norm_mlp"),
         streaming="yes" if programs.refusal is None else f"no: {programs.refusal}",
     )
     return CompiledModel(executable, opts, info, program=program, report=report)

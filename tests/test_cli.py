@@ -22,7 +22,7 @@ def test_console_script_inspects_the_default_preset():
     )
     assert done.returncode == 0, done.stderr
     assert "SSM layers:     2" in done.stdout
-    assert "ssmcc ops:      causal_conv1d x2, selective_scan x2" in done.stdout
+    assert "ssmcc ops:      causal_conv1d x2, rmsnorm_gated x3, selective_scan x2" in done.stdout
     assert "[ssmcc] capturing MambaForCausalLM" in done.stderr  # progress goes to stderr
 
 
@@ -30,7 +30,7 @@ def test_inspect_json_and_graph(capsys):
     assert main(["inspect", "falcon-mamba-tiny", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["capture"]["routes"] == ["hf-falcon-mamba"]
-    assert report["op_counts"] == {"causal_conv1d": 2, "selective_scan": 2}
+    assert report["op_counts"] == {"causal_conv1d": 2, "rmsnorm_gated": 3, "selective_scan": 2}
     assert main(["inspect", "mamba-tiny", "--graph", "--pipeline", "none"]) == 0
     out = capsys.readouterr().out
     assert "## nodes" in out and "ssmcc.selective_scan(" in out
@@ -149,11 +149,11 @@ def test_inspect_a_saved_exported_program_lists_what_was_not_rewritten(tmp_path,
         torch.export.save(program, tmp_path / f"{form}.pt2")
     assert main(["inspect", str(tmp_path / "loop.pt2")]) == 0
     out = capsys.readouterr().out
-    assert "ssmcc ops:      causal_conv1d x1, selective_scan x1" in out
+    assert "ssmcc ops:      causal_conv1d x1, rmsnorm_gated x2, selective_scan x1" in out
     assert "not rewritten" not in out
     assert main(["inspect", str(tmp_path / "mixing.pt2")]) == 0
     out = capsys.readouterr().out
-    assert "ssmcc ops:      causal_conv1d x1\n" in out  # the scan stays as it was
+    assert "ssmcc ops:      causal_conv1d x1, rmsnorm_gated x2\n" in out  # the scan stays
     assert "not rewritten:  1 scan-like structure(s)" in out
     assert "unrolled_loop: layers.0.mixer" in out and "mixes state channels" in out
 
@@ -162,7 +162,7 @@ def test_inspect_without_routing_rerolls_the_hugging_face_loop(capsys):
     assert main(["inspect", "mamba-tiny", "--no-route", "--seq-len", "8", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["capture"]["routes"] == []
-    assert report["op_counts"] == {"causal_conv1d": 2, "selective_scan": 2}
+    assert report["op_counts"] == {"causal_conv1d": 2, "rmsnorm_gated": 3, "selective_scan": 2}
     assert report["rule_hits"]["detect_selective_scan.unrolled_loop"] == 2
     assert report["rule_hits"]["detect_causal_conv1d.padded_conv_slice"] == 2
 

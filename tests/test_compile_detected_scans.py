@@ -38,7 +38,8 @@ def test_hugging_face_without_routing_becomes_a_routed_like_program(family, targ
     model = make_hf_model(family, num_hidden_layers=2)
     ids = torch.randint(0, 101, (2, 24))
     compiled = ssmcc.compile(model, target, example_inputs=(ids,), route=False)
-    assert compiled.report.op_counts == {"causal_conv1d": 2, "selective_scan": 2}
+    ops = {"causal_conv1d": 2, "rmsnorm_gated": 3, "selective_scan": 2}  # 2 block norms, norm_f
+    assert compiled.report.op_counts == ops
     assert compiled.report.capture.routes == [] and compiled.static_length is None
     assert "length made dynamic" in compiled.report.capture.notes[-1]
     with torch.no_grad():
@@ -79,7 +80,11 @@ def test_compile_takes_an_exported_program():
     program = torch.export.export(model, (ids,), strict=False)
     compiled = ssmcc.compile(program, "onnx")
     assert compiled.report.capture.model == "ExportedProgram"
-    assert compiled.report.op_counts == {"causal_conv1d": 1, "selective_scan": 1}
+    assert compiled.report.op_counts == {
+        "causal_conv1d": 1,
+        "rmsnorm_gated": 2,
+        "selective_scan": 1,
+    }
     with torch.no_grad():
         assert (torch.as_tensor(compiled(ids)) - model(ids)).abs().max() <= TOLERANCE
 

@@ -36,14 +36,20 @@ def test_report_describes_capture_and_passes(model_and_compiled):
     report = compiled.report
     layers = model.config.num_hidden_layers
     assert report.target == "torch" and compiled.target == "torch"
-    assert report.op_counts == {"causal_conv1d": layers, "selective_scan": layers}
+    assert report.op_counts == {
+        "causal_conv1d": layers,
+        "rmsnorm_gated": layers + 1,  # each block's norm and norm_f, fused
+        "selective_scan": layers,
+    }
     assert report.passes_run == [
         "canonicalize",
         "detect_causal_conv1d",
         "detect_selective_scan",
+        "fuse_scan_norm_mlp",
         "eliminate_dead_code",
     ]
-    assert report.rule_hits["eliminate_dead_code.dead_node"] == 2 * layers  # unused final states
+    # unused final states, and the 6 ATen nodes of each fused norm
+    assert report.rule_hits["eliminate_dead_code.dead_node"] == 2 * layers + 6 * (layers + 1)
     assert report.node_count == len(compiled.program.graph.nodes) < report.capture.node_count
     text = report.format()
     assert f"SSM layers:     {layers}" in text and "seq[1,inf]" in text

@@ -52,7 +52,8 @@ def test_hugging_face_chunked_path_becomes_one_ssd_scan_per_layer(chunk, capture
     model = _mamba2(chunk_size=chunk)
     ids = torch.randint(0, 101, (2, capture_length))
     compiled = ssmcc.compile(model, target, example_inputs=(ids,), route=False)
-    assert compiled.report.op_counts == {"causal_conv1d": 2, "ssd_scan": 2}
+    # 2 block norms and norm_f fused; the mixers' gated norms stay ATen (their group view)
+    assert compiled.report.op_counts == {"causal_conv1d": 2, "rmsnorm_gated": 3, "ssd_scan": 2}
     assert _hits(compiled) == {rule: 2 for rule in SSD_RULES}
     assert compiled.report.findings == [] and compiled.static_length is None
     assert "length made dynamic" in compiled.report.capture.notes[-1]

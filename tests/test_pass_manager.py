@@ -70,10 +70,16 @@ def test_fixed_point_stops_when_nothing_changes():
     _, program = tiny_mamba_program()
     _, report = run_passes(program, pipeline("default"), until_fixed_point=True)
     # round 1 modifies, round 2 confirms nothing is left to do
-    names = ["canonicalize", "detect_causal_conv1d", "detect_selective_scan", "eliminate_dead_code"]
+    names = [
+        "canonicalize",
+        "detect_causal_conv1d",
+        "detect_selective_scan",
+        "fuse_scan_norm_mlp",
+        "eliminate_dead_code",
+    ]
     assert report.passes_run == names * 2
-    # a routed capture has no convolution or scan left to detect
-    assert [r.modified for r in report.records] == [True, False, False, True] + [False] * 4
+    # a routed capture has no convolution or scan left to detect; its norms fuse
+    assert [r.modified for r in report.records] == [True, False, False, True, True] + [False] * 5
 
 
 def test_unknown_pipeline_names_the_known_ones():

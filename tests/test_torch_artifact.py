@@ -40,7 +40,11 @@ def test_artifact_holds_programs_and_one_weights_file(saved):
         "layers.0.ssm_state",
     ]
     step = manifest["graphs"]["step"]
-    assert step["ssmcc_nodes"] == ["causal_conv1d_update", "selective_state_update"]
+    assert step["ssmcc_nodes"] == [
+        "causal_conv1d_update",
+        "rmsnorm_gated",
+        "selective_state_update",
+    ]
     assert step["inputs"][0] == {"name": "input_ids", "dtype": "int64", "dims": ["batch", 1]}
 
 

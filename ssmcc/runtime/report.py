@@ -20,6 +20,7 @@ class CompileReport:
     compile_seconds: float
     findings: list[str] = dataclasses.field(default_factory=list)  # scans not rewritten, and why
     streaming: str = "yes"  # "yes", or why prefill/step/generate are unavailable
+    not_fused: list[str] = dataclasses.field(default_factory=list)  # fusion near misses, and why
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -55,4 +56,7 @@ class CompileReport:
         if self.findings:
             lines.append(f"not rewritten:  {len(self.findings)} scan-like structure(s)")
             lines += [f"  {finding}" for finding in self.findings]
+        if self.not_fused:
+            lines.append(f"not fused:      {len(self.not_fused)} norm-like chain(s)")
+            lines += [f"  {line}" for line in self.not_fused]
         return "\n".join(lines)

@@ -1,0 +1,140 @@
+"""``fuse_scan_norm_mlp`` — fuse the small memory-bound chains between the scans into ssmcc ops.
+
+Between two scans a Mamba block is a chain of steps that each read and write the whole
+activation; in decode every step is also one more dispatch. The pass rewrites such chains into
+fused ops, only where the target runs the fused op (``ctx.options["fuse_scan_norm_mlp"]
+["unsupported"]``: the ops the target cannot run, from the target registry).
+
+Rules (hits counted by name; a near miss is reported with the check that failed):
+
+- ``rmsnorm``: the RMSNorm every family writes out in ATen (HF ``MambaRMSNorm``,
+  ``Mamba2RMSNorm``, the hybrids' ``*RMSNorm``)::
+
+      out = w * (x * rsqrt(mean(x^2, -1) + eps))        (x in float32, rounded to w's dtype)
+
+  7 ATen nodes (pow, mean, add, rsqrt, two muls, and casts in low precision) become one
+  ``ssmcc.rmsnorm_gated(x, None, w, group_size=d, eps)``: without a gate that op is this norm over
+  one group of the whole last dim. The norms are what every block holds once or twice; they are
+  fused first because in mamba-130m's step program they are 175 of the 803 ONNX nodes.
+
+Next (the fusion issue): the residual add before the norm (``add_rmsnorm``), the scan epilogue
+(D skip, gate, Mamba-2's gated norm: ``scan_norm``) and a per-layer decode step.
+
+The rewrite is exact in float32 (the op computes the same formula); in bf16/fp16 the op rounds
+once where HF rounds before the weight multiply, within one rounding of the input dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._guards import detect_fake_mode
+from torch.export import ExportedProgram
+from torch.fx import Node
+
+from ssmcc.ops import SSMCC_OPS
+from ssmcc.passes.dim_labels import make_emitter, shape, value
+from ssmcc.passes.pass_base import PassContext, PassResult
+from ssmcc.passes.program import rebuild_program
+from ssmcc.passes.rules import NodeRule, Reject, apply_rules
+
+aten = torch.ops.aten
+PASS_NAME = "fuse_scan_norm_mlp"
+RMSNORM = SSMCC_OPS["rmsnorm_gated"]
+_CASTS = (aten._to_copy.default, aten.to.dtype)
+
+
+def _other(node: Node, one) -> object:
+    a, b = node.args[:2]
+    return b if a is one else a if b is one else None
+
+
+def _only_user(node: Node) -> Node | None:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def _through_cast(node: Node | None) -> tuple[Node | None, Node | None]:
+    """(the node after an optional single-user dtype cast, the cast or None)."""
+    if node is not None and node.target in _CASTS and set(node.kwargs) <= {"dtype"}:
+        return _only_user(node), node
+    return node, None
+
+
+def _rms_parts(rsqrt: Node):
+    """(x, eps, normalised = x * rsqrt, out = w * normalised, w) or a Reject."""
+    add = rsqrt.args[0]
+    if not (isinstance(add, Node) and add.target == aten.add.Tensor and "alpha" not in add.kwargs):
+        return Reject("rsqrt of something other than mean + eps")
+    mean, eps = add.args[:2]
+    if not isinstance(eps, (int, float)) or not isinstance(mean, Node):
+        return Reject("rsqrt(a + b) where b is not a constant eps")
+    if mean.target != aten.mean.dim:
+        return Reject(f"rsqrt(mean + eps) reads {mean.target}, not a mean")
+    power, dims = mean.args[:2]
+    keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
+    if not (isinstance(power, Node) and power.target == aten.pow.Tensor_Scalar):
+        return Reject("the mean is not of a power")
+    x, exponent = power.args[:2]
+    if not (isinstance(x, Node) and value(x) is not None and value(x).dtype.is_floating_point):
+        return Reject("x^2 of a value that is not a float tensor")
+    rank = len(shape(x))
+    if exponent != 2 or not keepdim or [d % rank for d in dims] != [rank - 1]:
+        return Reject(f"mean of x^{exponent} over dims {dims} (keepdim={keepdim}), not x^2 over -1")
+    normalised = _only_user(rsqrt)
+    if (
+        normalised is None
+        or normalised.target != aten.mul.Tensor
+        or _other(normalised, rsqrt) is not x
+    ):
+        return Reject("rsqrt(mean(x^2) + eps) is not multiplied by x (alone)")
+    scaled, cast = _through_cast(_only_user(normalised))
+    if scaled is None or scaled.target != aten.mul.Tensor:
+        return Reject("the normalised value is not multiplied by a weight")
+    weight = _other(scaled, cast or normalised)
+    if not isinstance(weight, Node) or shape(weight) != (shape(x)[-1],):
+        return Reject(f"the normalised value is multiplied by {weight}, not a weight of shape (d,)")
+    if shape(scaled) != shape(x):
+        return Reject("the weight broadcasts the normalised value to another shape")
+    return x, float(eps), scaled, weight
+
+
+def _is_rmsnorm(unsupported):
+    def check(node: Node):
+        if "rmsnorm_gated" in unsupported:
+            return Reject(f"the target cannot run rmsnorm_gated: {unsupported['rmsnorm_gated']}")
+        parts = _rms_parts(node)
+        return parts if isinstance(parts, Reject) else True
+
+    return check
+
+
+def _fuse_rmsnorm(node: Node) -> None:
+    x, eps, out, weight = _rms_parts(node)
+    graph = node.graph
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes if n.op == "placeholder"])
+    emit = make_emitter(graph, fake_mode)
+    with graph.inserting_before(out):
+        fused = emit(RMSNORM, x, None, weight, shape(x)[-1], eps, False)
+        new = [fused]
+        if value(fused).dtype != value(out).dtype:
+            fused = emit(aten._to_copy.default, fused, dtype=value(out).dtype)
+            new.append(fused)
+    for node_ in new:  # the fused op belongs to the norm's module
+        for key in ("nn_module_stack", "stack_trace"):
+            if key in out.meta:
+                node_.meta[key] = out.meta[key]
+    out.replace_all_uses_with(fused)
+
+
+def rules(unsupported: dict) -> tuple[NodeRule, ...]:
+    return (NodeRule("rmsnorm", (aten.rsqrt.default,), _is_rmsnorm(unsupported), _fuse_rmsnorm),)
+
+
+def fuse_scan_norm_mlp(program: ExportedProgram, ctx: PassContext) -> PassResult:
+    unsupported = ctx.options.get(PASS_NAME, {}).get("unsupported", {})
+    graph_module = program.graph_module
+    hits, rejections = apply_rules(graph_module.graph, rules(unsupported))
+    for rule, reasons in rejections.items():
+        ctx.diagnostics.setdefault(f"{PASS_NAME}.{rule}", []).extend(reasons)
+    if not hits:
+        return PassResult(program, False, hits)
+    return PassResult(rebuild_program(program, graph_module), True, hits)
