@@ -53,6 +53,7 @@ _MOVEMENT = {
 }
 _PADS = {aten.pad.default, aten.constant_pad_nd.default}
 _VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
+_FOLLOWED = {aten.unsqueeze.default, aten._to_copy.default, aten.to.dtype}  # dt -> x ⊗ dt
 CONE_LIMIT = 4000  # nodes; a cone larger than this is not one scan's
 
 
@@ -142,7 +143,7 @@ def _find_x(dt: Node, labels: tuple) -> tuple[Node, Node]:
                     x = atoms[1 - nodes.index(dt)]
                     if x.labels == labels + ("p",) and not x.chain:
                         return user, x.node
-            elif user.target in _MOVEMENT or user.target == aten.unsqueeze.default:
+            elif user.target in _MOVEMENT or user.target in _FOLLOWED:
                 frontier.append(user)
     raise Mismatch(f"no product x ⊗ dt (batch, time, head, head dim) uses dt = {dt.name}")
 

@@ -159,3 +159,19 @@ def test_look_alikes_are_reported_not_rewritten(form, why):
     assert all(f"mixers.{i}" in line for i, line in enumerate(findings))
     with torch.no_grad():
         assert (torch.as_tensor(compiled(ids)) - model(ids)).abs().max() <= TOLERANCE
+
+
+def test_a_bfloat16_model_without_routing():
+    """In bf16 HF casts dt and x to float32 around the chunked math; the casts are followed."""
+    from .test_mamba2 import LOW_PRECISION_TOLERANCE
+
+    model = _mamba2()
+    compiled = ssmcc.compile(model, "torch", route=False, dtype=torch.bfloat16)
+    assert compiled.report.op_counts["ssd_scan"] == 2 and compiled.static_length is None
+    low = _mamba2().to(torch.bfloat16)
+    ids = torch.randint(0, 101, (2, 37))
+    torch.testing.assert_close(
+        torch.as_tensor(compiled(ids)).float(),
+        _hf_logits(low, ids).float(),
+        **LOW_PRECISION_TOLERANCE[torch.bfloat16],
+    )
