@@ -219,6 +219,24 @@ def decay_exponent(node, labels: Labels, ctx: StepContext) -> list[Atom]:
         node, labels = node.args[0], source_labels
 
 
+def decay_factors(decay: tuple[Node, Labels], ctx: StepContext, step: str) -> tuple[Atom, Atom]:
+    """(A, the step) where the decay is ``exp(step ⊗ A)``: A the exponent's time-invariant
+    factor, the step (Δ for Mamba-1, dt for SSD: ``step`` names it in errors) the other."""
+    exponent = decay_exponent(*decay, ctx)
+    names = ", ".join(a.describe() for a in exponent)
+    require(
+        len(exponent) == 2,
+        f"exp(...) of the decay has {len(exponent)} factors ({names}); expected {step}·A",
+    )
+    constant = [a for a in exponent if TIME not in a.named()]
+    varying = [a for a in exponent if TIME in a.named()]
+    require(
+        len(constant) == 1 and len(varying) == 1,
+        f"the decay's factors {names} are not one time-varying {step} and one constant A",
+    )
+    return constant[0], varying[0]
+
+
 @dataclasses.dataclass(frozen=True)
 class Roles:
     batch: str
@@ -244,19 +262,7 @@ def read_discretisation(
 ) -> ScanFactors:
     """Δ, A, B, u and the roles of the state dims from ``a_t`` (decay) and ``b_t`` (drive), for
     a state of ``layout`` (``recurrence.ScanLayout``: the state's rank, A's rank)."""
-    exponent = decay_exponent(*decay, ctx)
-    names = ", ".join(a.describe() for a in exponent)
-    require(
-        len(exponent) == 2,
-        f"exp(...) of the decay has {len(exponent)} factors ({names}); expected Δ·A",
-    )
-    constant = [a for a in exponent if TIME not in a.named()]
-    varying = [a for a in exponent if TIME in a.named()]
-    require(
-        len(constant) == 1 and len(varying) == 1,
-        f"the decay's factors {names} are not one time-varying Δ and one constant A",
-    )
-    A, delta = constant[0], varying[0]
+    A, delta = decay_factors(decay, ctx, "Δ")
     state_dims = [label for label in state_labels if label is not None and label != TIME]
     require(
         len(state_dims) == layout.state_rank,

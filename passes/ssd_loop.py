@@ -31,7 +31,7 @@ from ssmcc.passes.scan_factoring import (
     Atom,
     Mismatch,
     StepContext,
-    decay_exponent,
+    decay_factors,
     factor,
     require,
 )
@@ -55,19 +55,7 @@ def _renamed(atom: Atom, names: dict) -> Atom:
 
 def _roles(rec: Recurrence) -> tuple[Atom, Atom, str, str]:
     """(A, dt, head label, batch label) from the decay."""
-    exponent = decay_exponent(*rec.decay, rec.ctx)
-    names = ", ".join(a.describe() for a in exponent)
-    require(
-        len(exponent) == 2,
-        f"exp(...) of the decay has {len(exponent)} factors ({names}); expected dt·A",
-    )
-    constant = [a for a in exponent if TIME not in a.named()]
-    varying = [a for a in exponent if TIME in a.named()]
-    require(
-        len(constant) == 1 and len(varying) == 1,
-        f"the decay's factors {names} are not one time-varying dt and one constant A",
-    )
-    A, dt = constant[0], varying[0]
+    A, dt = decay_factors(rec.decay, rec.ctx, "dt")
     state_dims = {label for label in rec.state_labels if label not in (None, TIME)}
     require(
         len(A.named()) == 1 and A.named() <= state_dims and not A.chain,
