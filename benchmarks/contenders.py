@@ -169,11 +169,13 @@ def prepare_ssmcc_torch(model: nn.Module, ctx: dict) -> Runner:
     return Runner(compiled, compiled.generate, info, compiled)
 
 
-def _prepare_ssmcc_onnx(model: nn.Module, ctx: dict, kernels: str) -> Runner:
+def _prepare_ssmcc_onnx(
+    model: nn.Module, ctx: dict, kernels: str, pipeline: str = "default"
+) -> Runner:
     import ssmcc
 
     started = time.perf_counter()
-    compiled = ssmcc.compile(model, target="onnx", kernels=kernels)
+    compiled = ssmcc.compile(model, target="onnx", kernels=kernels, pipeline=pipeline)
     prepare_s = time.perf_counter() - started
     folder = tempfile.mkdtemp(prefix="bench-ssmcc-onnx-")
     compiled.save(os.path.join(folder, "artifact"))
@@ -193,6 +195,11 @@ def _prepare_ssmcc_onnx(model: nn.Module, ctx: dict, kernels: str) -> Runner:
 def prepare_ssmcc_onnx(model: nn.Module, ctx: dict) -> Runner:
     """ONNX Runtime with the ssmcc custom-op library registered."""
     return _prepare_ssmcc_onnx(model, ctx, "auto")
+
+
+def prepare_ssmcc_onnx_unfused(model: nn.Module, ctx: dict) -> Runner:
+    """The ssmcc-onnx contender compiled with the ``unfused`` pipeline (no fuse_scan_norm_mlp)."""
+    return _prepare_ssmcc_onnx(model, ctx, "auto", pipeline="unfused")
 
 
 def prepare_ssmcc_onnx_portable(model: nn.Module, ctx: dict) -> Runner:
@@ -312,6 +319,7 @@ CONTENDERS: dict[str, Callable[[nn.Module, dict], Runner]] = {
     "torch-onnx": prepare_torch_onnx,
     "ssmcc-torch": prepare_ssmcc_torch,
     "ssmcc-onnx": prepare_ssmcc_onnx,
+    "ssmcc-onnx-unfused": prepare_ssmcc_onnx_unfused,
     "ssmcc-onnx-portable": prepare_ssmcc_onnx_portable,
     "matmuls-only": prepare_matmuls_only,
     "llama-cpp": lambda model, ctx: _prepare_llama_cpp(model, ctx, "f32"),

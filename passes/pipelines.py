@@ -20,6 +20,8 @@ PIPELINES: dict[str, list[PassFn]] = {
         fuse_scan_norm_mlp,
         eliminate_dead_code,
     ],
+    # The same without fusion: to compare fused and unfused programs, or to step around a fusion.
+    "unfused": [canonicalize, detect_causal_conv1d, detect_selective_scan, eliminate_dead_code],
     # Capture output unchanged (for inspecting what torch.export produced).
     "none": [],
 }

@@ -89,7 +89,8 @@ def compile(
     at the example's length, and the passes rewrite what they recognise; if nothing else used
     the captured length the program is re-exported with a dynamic length, else it runs at that
     length only, without prefill/step/generate -- the report says which, and why),
-    ``pipeline`` ("default"; "none": the raw capture), ``verify`` (the IR verifier after every
+    ``pipeline`` ("default"; "unfused": the same without ``fuse_scan_norm_mlp``; "none": the raw
+    capture), ``verify`` (the IR verifier after every
     pass; it always runs once at the end), ``dtype`` (the compute dtype, e.g. ``torch.bfloat16``:
     the model is captured from a copy in that dtype; the ssmcc ops compute in float32 inside and
     return the model's dtype, their states keep the dtype their contracts name) and ``quantize``

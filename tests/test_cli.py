@@ -50,7 +50,7 @@ def test_inspect_a_saved_model_directory(tmp_path, capsys):
         (["inspect", "mamba-tiny", "--seq-len", "0"], "--seq-len must be >= 1"),
         (
             ["inspect", "mamba-tiny", "--pipeline", "fast"],
-            "pipeline must be one of 'default', 'none', got 'fast'",
+            "pipeline must be one of 'default', 'unfused', 'none', got 'fast'",
         ),
         (["compile", "mamba-tiny", "--out", "x", "--chunk-size", "0"], "chunk_size must be a"),
         (["compile", "mamba-tiny", "--out", "x", "--threads", "2"], "belongs to target onnx"),

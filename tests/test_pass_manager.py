@@ -85,7 +85,7 @@ def test_fixed_point_stops_when_nothing_changes():
 def test_unknown_pipeline_names_the_known_ones():
     with pytest.raises(ssmcc.SSMCCError, match="unknown pipeline 'fast'; known: default"):
         pipeline("fast")
-    assert list(PIPELINES) == ["default", "none"]
+    assert list(PIPELINES) == ["default", "unfused", "none"]
 
 
 def test_printer_is_stable_and_renames_symbols():
