@@ -104,16 +104,24 @@ inline void rmsnorm_gated_rows(const NormArgs& a, int64_t row_begin, int64_t row
     const float* x = a.x + row * d;
     const float* z = a.z ? a.z + row * d : nullptr;
     float* out = a.out + row * d;
-    for (int64_t c = 0; c < d; ++c) out[c] = (z && !a.norm_before_gate) ? x[c] * silu(z[c]) : x[c];
+    if (z && !a.norm_before_gate) {
+#pragma omp simd
+      for (int64_t c = 0; c < d; ++c) out[c] = x[c] * z[c] / (1.f + std::exp(-z[c]));
+    } else {
+      for (int64_t c = 0; c < d; ++c) out[c] = x[c];
+    }
     for (int64_t first = 0; first < d; first += gs) {
       float squares = 0.f;
 #pragma omp simd reduction(+ : squares)
       for (int64_t c = first; c < first + gs; ++c) squares += out[c] * out[c];
       const float scale = 1.f / std::sqrt(squares / static_cast<float>(gs) + a.eps);
+#pragma omp simd
       for (int64_t c = first; c < first + gs; ++c) out[c] *= scale * a.weight[c];
     }
-    if (z && a.norm_before_gate)
-      for (int64_t c = 0; c < d; ++c) out[c] *= silu(z[c]);
+    if (z && a.norm_before_gate) {
+#pragma omp simd
+      for (int64_t c = 0; c < d; ++c) out[c] *= z[c] / (1.f + std::exp(-z[c]));
+    }
   }
 }
 
