@@ -308,16 +308,16 @@ class _Finder:
             self._dag = nx.DiGraph((a, n) for n in graph.nodes for a in n.all_input_nodes)
         return self._dag
 
-    def __call__(self, rule: str, node: Node) -> Recurrence:
+    def __call__(self, rule: str, node: Node) -> ScanMatch | SsdMatch:
         if rule == "chunked_ssd":
             return match_chunked_ssd(node, self.program)
         if rule == "unrolled_loop":
             recurrence = find_unrolled(node, MAMBA1_OR_SSD)
             rank = len([lab for lab in recurrence.state_labels if lab not in (None, TIME)])
-            return match_ssd_loop(recurrence) if rank == SSD.state_rank else recurrence
+            return match_ssd_loop(recurrence) if rank == SSD.state_rank else match_scan(recurrence)
         if rule == "scan_op":
-            return find_scan_op(node, self.graph_module, MAMBA1)
-        return find_parallel_scan(node, self.dag(), MAMBA1)
+            return match_scan(find_scan_op(node, self.graph_module, MAMBA1))
+        return match_scan(find_parallel_scan(node, self.dag(), MAMBA1))
 
 
 def detect_selective_scan(program: ExportedProgram, ctx: PassContext) -> PassResult:
@@ -333,8 +333,7 @@ def detect_selective_scan(program: ExportedProgram, ctx: PassContext) -> PassRes
         if node in consumed:
             continue
         try:
-            found = find(rule, node)
-            match = found if isinstance(found, SsdMatch) else match_scan(found)
+            match = find(rule, node)
         except NotACandidate:
             continue
         except (Mismatch, ArrangeError) as error:

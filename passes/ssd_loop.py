@@ -145,9 +145,8 @@ def _skip(match: SsdMatch, x: Atom, mapping: dict) -> None:
     other = user.args[1] if user.args[0] is node else user.args[0]
     if not isinstance(other, Node):
         return
-    labels = tuple(
-        {v: k for k, v in mapping.items()}.get(label, label) for label in match.output_labels
-    )
+    graph_label = {v: k for k, v in mapping.items()}
+    labels = tuple(graph_label.get(label, label) for label in match.output_labels)
     try:
         atoms = factor(other, broadcast_labels(other, labels, shape(user)), StepContext())
     except Mismatch:

@@ -84,6 +84,20 @@ def make_hf_model(family: str, seed: int = 0, **overrides):
     return model.eval()
 
 
+def odd_mamba2_sizes(heads: int, head_dim: int, groups: int, state: int) -> dict:
+    """Mamba-2 config overrides for odd shapes: ``2 * heads`` heads of ``head_dim`` (hidden
+    ``heads * head_dim``, expand 2), ``groups`` groups, state ``state``, chunk 17."""
+    return dict(
+        hidden_size=heads * head_dim,
+        expand=2,
+        num_heads=2 * heads,
+        head_dim=head_dim,
+        n_groups=groups,
+        state_size=state,
+        chunk_size=17,
+    )
+
+
 # FalconMamba differs from Mamba by RMS norms on B, C and dt: its cases run with the slow ones.
 FAMILIES = ["mamba", pytest.param("falcon_mamba", marks=pytest.mark.slow)]
 

@@ -13,7 +13,7 @@ import torch
 import ssmcc
 from benchmarks.handwritten_ssd import build
 
-from .conftest import make_hf_model
+from .conftest import make_hf_model, odd_mamba2_sizes
 
 TOLERANCE = 1e-4
 SSD_RULES = ("chunked_ssd", "fold_softplus", "fold_delta_bias", "fold_dt_limit", "fold_skip")
@@ -89,15 +89,7 @@ def test_groups_are_read_back_from_the_per_head_repeat():
 @pytest.mark.parametrize("heads,head_dim,groups,state", [(3, 5, 6, 7), (11, 19, 1, 7)])
 def test_odd_shapes_without_routing(heads, head_dim, groups, state):
     """Groups 1 and h, state 7, chunk 17 (captured at 40 tokens: 3 chunks, the last padded)."""
-    model = _mamba2(
-        hidden_size=heads * head_dim,
-        expand=2,
-        num_heads=2 * heads,
-        head_dim=head_dim,
-        n_groups=groups,
-        state_size=state,
-        chunk_size=17,
-    )
+    model = _mamba2(**odd_mamba2_sizes(heads, head_dim, groups, state))
     ids = torch.randint(0, 101, (2, 40))
     compiled = ssmcc.compile(model, "torch", example_inputs=(ids,), route=False)
     assert compiled.report.op_counts["ssd_scan"] == 2

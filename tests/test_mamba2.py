@@ -13,7 +13,7 @@ import torch
 
 import ssmcc
 
-from .conftest import make_hf_model
+from .conftest import make_hf_model, odd_mamba2_sizes
 
 TOLERANCE = 1e-4
 
@@ -84,15 +84,7 @@ def test_logits_match_hf_at_any_length(torch_model, batch, length):
     [(3, 5, 1, 7), (3, 19, 3, 7), (11, 5, 11, 7), (11, 19, 1, 7)],
 )
 def test_odd_shapes(heads, head_dim, groups, state):
-    model = mamba2(
-        hidden_size=heads * head_dim,
-        expand=2,
-        num_heads=2 * heads,
-        head_dim=head_dim,
-        n_groups=groups,
-        state_size=state,
-        chunk_size=17,
-    )
+    model = mamba2(**odd_mamba2_sizes(heads, head_dim, groups, state))
     compiled = ssmcc.compile(model, target="torch")
     ids = torch.randint(0, model.config.vocab_size, (2, 119))
     assert (compiled(ids) - _logits(model, ids)).abs().max() <= TOLERANCE

@@ -40,7 +40,6 @@ def _generalised_sizes(node, source: torch.Tensor, sizes: list, length: int) -> 
         for i, size in enumerate(captured_in)
         if isinstance(size, int)
         and size == length
-        and source.shape[i] is not size
         and not (isinstance(source.shape[i], int) and source.shape[i] == length)
     ]
     sizes = list(sizes)
