@@ -44,7 +44,15 @@ SANITIZE_FLAGS = [
     "-fno-omit-frame-pointer",
     "-g",
 ]
-KERNEL_HEADERS = ["ssm_kernels.h", "ssd_kernels.h", "tuning.h", "contracts.h", "ort_common.h"]
+KERNEL_HEADERS = [
+    "ssm_kernels.h",
+    "ssd_kernels.h",
+    "ssd_chunked.h",
+    "small_gemm.h",
+    "tuning.h",
+    "contracts.h",
+    "ort_common.h",
+]
 HEADER = "onnxruntime_cxx_api.h"
 
 

@@ -16,6 +16,8 @@
 //   ssd_state_update        state (b, h, p, n); x, z (b, h, p); dt (b, h); A, dt_bias (h);
 //                           D (h, p); B, C (b, g, n);                            g divides h
 //   rmsnorm_gated           x, z, out (rows, d); weight (d);        group_size >= 1 divides d
+// The ssd ops may read x, dt, B, C, z with a token stride (elements from one position to the
+// next, inner dims packed): 0 (packed) or at least the packed width (check_ssd_strides).
 #pragma once
 
 #include <cstdint>
@@ -69,6 +71,22 @@ inline std::string check_ssd(const char* op, int64_t batch, int64_t length, int6
     error = std::string(op) + ": B and C have " + std::to_string(groups) +
             " groups, which does not divide heads=" + std::to_string(heads);
   return error;
+}
+
+inline std::string check_stride(const char* op, const char* name, int64_t stride, int64_t width) {
+  if (stride == 0 || stride >= width) return "";
+  return std::string(op) + ": " + name + " has token stride " + std::to_string(stride) +
+         ", less than its row of " + std::to_string(width) + " elements";
+}
+
+inline std::string check_ssd_strides(const char* op, int64_t heads, int64_t head_dim,
+                                     int64_t groups, int64_t dstate, int64_t x_stride,
+                                     int64_t dt_stride, int64_t b_stride, int64_t c_stride,
+                                     int64_t z_stride) {
+  const int64_t hp = heads * head_dim, gn = groups * dstate;
+  return first_error({check_stride(op, "x", x_stride, hp), check_stride(op, "dt", dt_stride, heads),
+                      check_stride(op, "B", b_stride, gn), check_stride(op, "C", c_stride, gn),
+                      check_stride(op, "z", z_stride, hp)});
 }
 
 inline std::string check_norm(const char* op, int64_t rows, int64_t dim, int64_t group_size) {

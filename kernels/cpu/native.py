@@ -22,7 +22,7 @@ _SIGNATURES = {
     "ssmcc_causal_conv1d_f32": [_P] * 6 + [_I64] * 4 + [_I32] * 2,
     "ssmcc_selective_state_update_f32": [_P] * 11 + [_I64] * 5 + [_I32] * 2,
     "ssmcc_causal_conv1d_update_f32": [_P] * 6 + [_I64] * 3 + [_I32] * 2,
-    "ssmcc_ssd_scan_f32": [_P] * 11 + [_I64] * 6 + [_I32, _F32, _F32, _I32],
+    "ssmcc_ssd_scan_f32": [_P] * 11 + [_I64] * 11 + [_I32, _F32, _F32, _I32],
     "ssmcc_ssd_state_update_f32": [_P] * 11 + [_I64] * 5 + [_I32, _F32, _F32, _I32],
     "ssmcc_rmsnorm_gated_f32": [_P] * 4 + [_I64] * 3 + [_F32, _I32, _I32],
 }
@@ -57,6 +57,29 @@ def as_f32(t: Tensor | None) -> Tensor | None:
     if t is None or (t.dtype == torch.float32 and t.is_contiguous()):
         return t
     return t.to(torch.float32).contiguous()
+
+
+def token_rows(t: Tensor | None) -> tuple[Tensor | None, int]:
+    """``t`` (batch, length, ...) as float32 rows of its packed inner dims, and the token stride:
+    the elements from one position to the next (0: packed). A view whose inner dims are packed and
+    whose rows lie at one stride, batch after batch (a slice of a wider projection output), is
+    passed as it is; anything else is copied to a packed float32 tensor."""
+    if t is None:
+        return None, 0
+    if t.dtype == torch.float32 and t.dim() >= 2:
+        batch, length, inner = t.shape[0], t.shape[1], t.shape[2:]
+        width = 1
+        packed_inner = True
+        for size, stride in zip(reversed(inner), reversed(t.stride()[2:]), strict=True):
+            packed_inner = packed_inner and (size == 1 or stride == width)
+            width *= size
+        if length > 1:
+            token = t.stride(1)
+        else:
+            token = t.stride(0) if batch > 1 else width
+        if packed_inner and token >= width and (batch == 1 or t.stride(0) == length * token):
+            return t, (0 if token == width else token)
+    return t.to(torch.float32).contiguous(), 0
 
 
 def pointer(t: Tensor | None):

@@ -21,19 +21,22 @@ constexpr int64_t kAny = -1;
 template <typename Args, void (*Rows)(const Args&, int64_t, int64_t)>
 struct RowTask {
   const Args* args;
-  int64_t rows;
+  int64_t rows, per_task;
   static void run(void* self, size_t task) {
     auto* t = static_cast<RowTask*>(self);
-    const int64_t begin = static_cast<int64_t>(task) * kRowsPerTask;
-    const int64_t end = std::min(begin + kRowsPerTask, t->rows);
+    const int64_t begin = static_cast<int64_t>(task) * t->per_task;
+    const int64_t end = std::min(begin + t->per_task, t->rows);
     Rows(*t->args, begin, end);
   }
 };
 
+// Rows [0, rows) in tasks of ``per_task`` rows on ORT's intra-op pool (which groups the tasks
+// into about one batch per thread).
 template <typename Args, void (*Rows)(const Args&, int64_t, int64_t)>
-void parallel_rows(OrtKernelContext* context, const Args& args, int64_t rows) {
-  RowTask<Args, Rows> task{&args, rows};
-  const size_t tasks = static_cast<size_t>((rows + kRowsPerTask - 1) / kRowsPerTask);
+void parallel_rows(OrtKernelContext* context, const Args& args, int64_t rows,
+                   int64_t per_task = kRowsPerTask) {
+  RowTask<Args, Rows> task{&args, rows, per_task};
+  const size_t tasks = static_cast<size_t>((rows + per_task - 1) / per_task);
   if (tasks == 0) return;
   Ort::ThrowOnError(Ort::GetApi().KernelContext_ParallelFor(
       context, &RowTask<Args, Rows>::run, tasks, 0, &task));

@@ -11,6 +11,7 @@
 
 #include "contracts.h"
 #include "ort_common.h"
+#include "ssd_chunked.h"
 #include "ssd_kernels.h"
 
 namespace {
@@ -53,7 +54,16 @@ struct SsdScanKernel : ScanAttributes {
                         out.GetTensorMutableData<float>(), last.GetTensorMutableData<float>(),
                         batch, length, heads, head_dim, groups, dstate, softplus != 0, dt_min,
                         dt_max};
-    parallel_rows<ssmcc::SsdArgs, ssmcc::ssd_scan_rows>(raw, args, batch * heads);
+    args = ssmcc::with_strides(args);
+    if (!ssmcc::ssd_use_chunked(args)) {
+      parallel_rows<ssmcc::SsdArgs, ssmcc::ssd_scan_rows>(raw, args, batch * heads, 1);
+      return;
+    }
+    std::vector<float> gram(ssmcc::ssd_gram_floats(args));
+    const ssmcc::SsdChunked chunked{args, gram.data()};
+    parallel_rows<ssmcc::SsdChunked, ssmcc::ssd_gram_rows>(
+        raw, chunked, batch * groups * ssmcc::ssd_chunks(args), 1);
+    parallel_rows<ssmcc::SsdChunked, ssmcc::ssd_chunked_rows>(raw, chunked, batch * heads, 1);
   }
 };
 
@@ -80,6 +90,7 @@ struct SsdStateUpdateKernel : ScanAttributes {
                         has_z ? in.data(7) : nullptr, in.data(8), in.data(0),
                         out.GetTensorMutableData<float>(), new_state.GetTensorMutableData<float>(),
                         batch, 1, heads, head_dim, groups, dstate, softplus != 0, dt_min, dt_max};
+    args = ssmcc::with_strides(args);
     parallel_rows<ssmcc::SsdArgs, ssmcc::ssd_state_update_rows>(raw, args, batch * heads);
   }
 };

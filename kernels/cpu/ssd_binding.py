@@ -1,10 +1,11 @@
 """The Mamba-2 C++ kernels (``ssd_kernels.h``) as Python callables with the ssmcc op signatures.
 
 As in ``torch_binding``: the checked entry points apply the op's own shape rules, inputs go to
-the kernel as float32 contiguous tensors, ``out`` comes back in the input's dtype and states in
-float32; the ``_verified`` forms skip the Python checks (the torch lowering's programs were
-verified against the ops' fake implementations), the C++ contract checks still run. ``D`` of
-shape (h,) reaches the kernels as (h, p).
+the kernel as float32 contiguous tensors (``ssd_scan``'s x, dt, B, C and z as token rows: a view
+into a wider projection output is read in place), ``out`` comes back in the input's dtype and
+states in float32; the ``_verified`` forms skip the Python checks (the torch lowering's programs
+were verified against the ops' fake implementations), the C++ contract checks still run. ``D``
+of shape (h,) reaches the kernels as (h, p).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 
 import torch
 
-from ssmcc.kernels.cpu.native import as_f32, call_kernel, pointer
+from ssmcc.kernels.cpu.native import as_f32, call_kernel, pointer, token_rows
 from ssmcc.ops.rmsnorm_gated import check_rmsnorm_gated_args
 from ssmcc.ops.ssd_scan import check_ssd_scan_args
 from ssmcc.ops.ssd_state_update import check_ssd_state_update_args
@@ -42,7 +43,11 @@ def _ssd_scan(
     batch, length, heads, head_dim = x.shape
     groups, n = B.shape[2], B.shape[3]
     D = _per_channel_D(D, heads, head_dim)
-    args = [as_f32(t) for t in (x, dt, A, B, C, D, z, dt_bias, initial_state)]
+    dtype = x.dtype
+    (x, x_stride), (dt, dt_stride), (B, b_stride), (C, c_stride), (z, z_stride) = (
+        token_rows(t) for t in (x, dt, B, C, z)
+    )
+    args = [x, dt, as_f32(A), B, C, as_f32(D), z, as_f32(dt_bias), as_f32(initial_state)]
     out = torch.empty(batch, length, heads, head_dim, dtype=torch.float32)
     final = torch.empty(batch, heads, head_dim, n, dtype=torch.float32)
     call_kernel(
@@ -56,12 +61,17 @@ def _ssd_scan(
         head_dim,
         groups,
         n,
+        x_stride,
+        dt_stride,
+        b_stride,
+        c_stride,
+        z_stride,
         int(bool(dt_softplus)),
         float(dt_min),
         math.inf if dt_max is None else float(dt_max),
         torch.get_num_threads(),
     )
-    return out.to(x.dtype), final
+    return out.to(dtype), final
 
 
 def ssd_scan_cpu(

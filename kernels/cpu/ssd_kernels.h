@@ -1,12 +1,14 @@
-// ssmcc CPU kernels for the Mamba-2 ops: float32, contiguous, one function per op over a range of
-// rows (row = batch * heads + head for the scans, one normalised vector for the norm).
+// ssmcc CPU kernels for the Mamba-2 ops: float32, one function per op over a range of rows
+// (row = batch * heads + head for the scans, one normalised vector for the norm). The scans read
+// x, dt, B, C, z with a token stride (SsdArgs); everything else is packed.
 //
 // ssd_scan (math: ssmcc/ops/ssd_scan.py), per row (b, i) with group g = i / (heads / groups):
 //   dt_t = clamp(softplus(dt_t + dt_bias), dt_min, dt_max)      (softplus, bias when requested)
 //   h_t[p,n] = exp(dt_t A[i]) h_{t-1}[p,n] + dt_t x_t[p] B_t[g,n]
 //   y_t[p] = sum_n C_t[g,n] h_t[p,n] + D[i,p] x_t[p];   y_t *= silu(z_t) if z
 // The row's state (p x n) lives in the final-state output while the scan runs; the n loop
-// vectorises. ssd_state_update is one such step from a given state. D arrives as (heads, p).
+// vectorises. Sequences of kSsdChunkedFrom positions or more run chunked (ssd_chunked.h), with
+// the same result. ssd_state_update is one such step from a given state. D arrives as (heads, p).
 // rmsnorm_gated (ssmcc/ops/rmsnorm_gated.py), per vector of d channels in groups of group_size:
 //   norm_before_gate = 0: out = w * norm(x * silu(z));  1: out = w * norm(x) * silu(z)
 // Optional pointers (D, z, dt_bias, h0) may be null: zero / no gate / zeros. The sizes must satisfy
@@ -26,7 +28,24 @@ struct SsdArgs {
   int64_t batch, length, heads, head_dim, groups, dstate;
   bool softplus;
   float dt_min, dt_max;
+  // Elements from one token to the next (for a step: from one batch row to the next) in x, dt,
+  // B, C, z and out; 0 = packed (h*p, h, g*n, g*n, h*p, h*p). Inner dims are always packed, and
+  // batch row b starts at token b * length. A strided x/B/C/dt/z is a view into a wider
+  // projection output, read in place.
+  int64_t x_stride = 0, dt_stride = 0, b_stride = 0, c_stride = 0, z_stride = 0, out_stride = 0;
 };
+
+// ``a`` with every stride resolved (0 -> packed).
+inline SsdArgs with_strides(SsdArgs a) {
+  const int64_t hp = a.heads * a.head_dim, gn = a.groups * a.dstate;
+  if (!a.x_stride) a.x_stride = hp;
+  if (!a.dt_stride) a.dt_stride = a.heads;
+  if (!a.b_stride) a.b_stride = gn;
+  if (!a.c_stride) a.c_stride = gn;
+  if (!a.z_stride) a.z_stride = hp;
+  if (!a.out_stride) a.out_stride = hp;
+  return a;
+}
 
 inline float ssd_dt(const SsdArgs& a, float raw, int64_t head) {
   float v = raw + (a.dt_bias ? a.dt_bias[head] : 0.f);
@@ -60,6 +79,7 @@ inline void ssd_position(const SsdArgs& a, int64_t head, float step, const float
   }
 }
 
+// The sequential recurrence over rows [row_begin, row_end) of (batch, head); strides resolved.
 inline void ssd_scan_rows(const SsdArgs& a, int64_t row_begin, int64_t row_end) {
   const int64_t H = a.heads, P = a.head_dim, N = a.dstate, per_group = a.heads / a.groups;
   for (int64_t row = row_begin; row < row_end; ++row) {
@@ -68,25 +88,28 @@ inline void ssd_scan_rows(const SsdArgs& a, int64_t row_begin, int64_t row_end) 
     for (int64_t i = 0; i < P * N; ++i) h[i] = a.h0 ? a.h0[row * P * N + i] : 0.f;
     for (int64_t t = 0; t < a.length; ++t) {
       const int64_t token = b * a.length + t;  // (b, t)
-      const float step = ssd_dt(a, a.dt[token * H + head], head);
-      const int64_t at = (token * H + head) * P;
-      const float* Bt = a.B + (token * a.groups + g) * N;
-      const float* Ct = a.C + (token * a.groups + g) * N;
-      ssd_position(a, head, step, a.x + at, Bt, Ct, a.z ? a.z + at : nullptr, h, h, a.out + at);
+      const float step = ssd_dt(a, a.dt[token * a.dt_stride + head], head);
+      const float* Bt = a.B + token * a.b_stride + g * N;
+      const float* Ct = a.C + token * a.c_stride + g * N;
+      const float* z = a.z ? a.z + token * a.z_stride + head * P : nullptr;
+      ssd_position(a, head, step, a.x + token * a.x_stride + head * P, Bt, Ct, z, h, h,
+                   a.out + token * a.out_stride + head * P);
     }
   }
 }
 
-// ssd_state_update: ``h0`` is the state in, ``last`` the state out, length 1.
+// ssd_state_update: ``h0`` is the state in, ``last`` the state out, length 1; a "token" is a
+// batch row. Strides resolved.
 inline void ssd_state_update_rows(const SsdArgs& a, int64_t row_begin, int64_t row_end) {
   const int64_t H = a.heads, P = a.head_dim, N = a.dstate, per_group = a.heads / a.groups;
   for (int64_t row = row_begin; row < row_end; ++row) {
     const int64_t b = row / H, head = row % H, g = head / per_group;
-    const float step = ssd_dt(a, a.dt[row], head);
-    const float* B = a.B + (b * a.groups + g) * N;
-    const float* C = a.C + (b * a.groups + g) * N;
-    ssd_position(a, head, step, a.x + row * P, B, C, a.z ? a.z + row * P : nullptr,
-                 a.h0 + row * P * N, a.last + row * P * N, a.out + row * P);
+    const float step = ssd_dt(a, a.dt[b * a.dt_stride + head], head);
+    const float* B = a.B + b * a.b_stride + g * N;
+    const float* C = a.C + b * a.c_stride + g * N;
+    const float* z = a.z ? a.z + b * a.z_stride + head * P : nullptr;
+    ssd_position(a, head, step, a.x + b * a.x_stride + head * P, B, C, z, a.h0 + row * P * N,
+                 a.last + row * P * N, a.out + b * a.out_stride + head * P);
   }
 }
 

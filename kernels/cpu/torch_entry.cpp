@@ -9,6 +9,7 @@
 #include <string>
 
 #include "contracts.h"
+#include "ssd_chunked.h"
 #include "ssd_kernels.h"
 #include "ssm_kernels.h"
 
@@ -130,16 +131,31 @@ SSMCC_EXPORT int ssmcc_ssd_scan_f32(const float* x, const float* dt, const float
                                     const float* dt_bias, const float* h0, float* out,
                                     float* last, int64_t batch, int64_t length, int64_t heads,
                                     int64_t head_dim, int64_t groups, int64_t dstate,
-                                    int32_t softplus, float dt_min, float dt_max,
-                                    int32_t threads) {
-  const auto contract =
-      ssmcc::check_ssd("ssd_scan", batch, length, heads, head_dim, groups, dstate);
+                                    int64_t x_stride, int64_t dt_stride, int64_t b_stride,
+                                    int64_t c_stride, int64_t z_stride, int32_t softplus,
+                                    float dt_min, float dt_max, int32_t threads) {
+  const auto contract = ssmcc::first_error(
+      {ssmcc::check_ssd("ssd_scan", batch, length, heads, head_dim, groups, dstate),
+       ssmcc::check_ssd_strides("ssd_scan", heads, head_dim, groups, dstate, x_stride, dt_stride,
+                                b_stride, c_stride, z_stride)});
   return guarded(contract, [&] {
     ssmcc::SsdArgs args{x,      dt,     A,     B,        C,      D,      z,
                         dt_bias, h0,    out,   last,     batch,  length, heads,
-                        head_dim, groups, dstate, softplus != 0, dt_min, dt_max};
+                        head_dim, groups, dstate, softplus != 0, dt_min, dt_max,
+                        x_stride, dt_stride, b_stride, c_stride, z_stride};
+    args = ssmcc::with_strides(args);
+    if (!ssmcc::ssd_use_chunked(args)) {
+      parallel_rows(batch * heads, length * head_dim * dstate, threads,
+                    [&](int64_t b, int64_t e) { ssmcc::ssd_scan_rows(args, b, e); });
+      return;
+    }
+    std::vector<float> gram(ssmcc::ssd_gram_floats(args));
+    const ssmcc::SsdChunked chunked{args, gram.data()};
+    const int64_t Q = ssmcc::kSsdChunk;
+    parallel_rows(batch * groups * ssmcc::ssd_chunks(args), Q * Q * dstate, threads,
+                  [&](int64_t b, int64_t e) { ssmcc::ssd_gram_rows(chunked, b, e); });
     parallel_rows(batch * heads, length * head_dim * dstate, threads,
-                  [&](int64_t b, int64_t e) { ssmcc::ssd_scan_rows(args, b, e); });
+                  [&](int64_t b, int64_t e) { ssmcc::ssd_chunked_rows(chunked, b, e); });
   });
 }
 
@@ -156,6 +172,7 @@ SSMCC_EXPORT int ssmcc_ssd_state_update_f32(const float* state, const float* x, 
     ssmcc::SsdArgs args{x,        dt,     A,      B,   C,   D,     z,      dt_bias,
                         state,    out,    new_state, batch, 1, heads, head_dim, groups,
                         dstate,   softplus != 0, dt_min, dt_max};
+    args = ssmcc::with_strides(args);
     parallel_rows(batch * heads, head_dim * dstate, threads,
                   [&](int64_t b, int64_t e) { ssmcc::ssd_state_update_rows(args, b, e); });
   });

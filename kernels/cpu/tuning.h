@@ -15,7 +15,13 @@ constexpr int64_t kStepBlock = 64;
 // threads may still be spinning).
 constexpr int64_t kParallelWork = int64_t(1) << 18;
 
-// ONNX Runtime binding: rows per task handed to ORT's intra-op thread pool.
+// ONNX Runtime binding: rows per task handed to ORT's intra-op thread pool (light rows; a row of
+// a scan is a whole sequence of one head and goes alone, so that 24 heads split evenly).
 constexpr int64_t kRowsPerTask = 8;
+
+// ssd_scan (ssd_chunked.h): positions per chunk of the block decomposition, and the length from
+// which it runs chunked (below, the sequential recurrence of ssd_kernels.h).
+constexpr int64_t kSsdChunk = 64;
+constexpr int64_t kSsdChunkedFrom = 16;
 
 }  // namespace ssmcc::tuning
