@@ -63,15 +63,15 @@ def streaming_refusal(
             "generate need one"
         )
     for node in nodes:
-        contract = state_contract(node.target)
-        given = bind_arguments(node.target, node.args, node.kwargs)[contract.state_arg]
-        if given is not None:
-            return (
-                f"{location(node)}: ssmcc.{op_name(node.target)} already takes its "
-                f"{contract.state_arg} from the program, so ssmcc cannot carry that state between "
-                "calls; prefill/step/generate need every stateful op to start from its argument's "
-                "default (zeros)"
-            )
+        bound = bind_arguments(node.target, node.args, node.kwargs)
+        for slot in state_contract(node.target).slots:
+            if bound[slot.arg] is not None:
+                return (
+                    f"{location(node)}: ssmcc.{op_name(node.target)} already takes its "
+                    f"{slot.arg} from the program, so ssmcc cannot carry that state between "
+                    "calls; prefill/step/generate need every stateful op to start from its "
+                    "argument's default (zeros)"
+                )
     mixing = position_mixing(program)
     if mixing:
         listed = "\n  ".join(m.describe() for m in mixing[:MAX_LISTED])

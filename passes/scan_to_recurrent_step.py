@@ -3,21 +3,22 @@ ops' state contracts (``ssmcc.ops.contracts``), never from op names.
 
 Two passes over a prefill program ``input_ids (b, l) -> logits (b, l, v)``:
 
-- ``expose_recurrent_state``: every call of a stateful op takes its state from a new program
-  input and reports the state after the call as a new output: ``(input_ids, *states) ->
-  (logits, *new_states)``. With zero states it computes exactly what it did before (a contract's
-  ``state_arg`` of ``None`` means zeros).
+- ``expose_recurrent_state``: every call of a stateful op takes its states (one per slot of
+  its contract) from new program inputs and reports the states after the call as new outputs:
+  ``(input_ids, *states) -> (logits, *new_states)``. With zero states it computes exactly what
+  it did before (a slot's ``arg`` of ``None`` means zeros).
 - ``scan_to_recurrent_step``: the decode program ``(input_ids (b, 1), *states) ->
   (logits (b, v), *new_states)``: every stateful op is replaced by its contract's ``step``
-  (``selective_scan`` -> ``selective_state_update``, ``causal_conv1d`` -> ``causal_conv1d_update``
-  for the ssmcc ops). No loop remains.
+  (``selective_scan`` -> ``selective_state_update``, ``causal_conv1d`` -> ``causal_conv1d_update``,
+  ``ssd_mixer`` -> ``ssd_mixer_step`` for the ssmcc ops). No loop remains.
 
-States, in graph order of the ops: ``layers.<i>.<kind>`` (``kind`` from the contract, ``i`` from
-the owning module's ``layers.<i>`` path, else the op's ordinal among ops of that kind); shape and
-dtype from the contract. Both passes re-trace the program through an FX interpreter that applies
-the contracts, then ``torch.export`` it with a dynamic batch (and, for prefill, sequence) dim, so
-whatever else the graph computes carries over unchanged. Whether that is valid (nothing else
-mixes positions) is checked before, by ``program_set.streaming_refusal``.
+States, in graph order of the ops and slot order within one: ``layers.<i>.<kind>`` (``kind``
+from the contract's slot, ``i`` from the owning module's ``layers.<i>`` path, else the op's
+ordinal among ops of that kind); shape and dtype from the contract. Both passes re-trace the
+program through an FX interpreter that applies the contracts, then ``torch.export`` it with a
+dynamic batch (and, for prefill, sequence) dim, so whatever else the graph computes carries over
+unchanged. Whether that is valid (nothing else mixes positions) is checked before, by
+``program_set.streaming_refusal``.
 """
 
 from __future__ import annotations
@@ -55,15 +56,13 @@ def state_specs(program: ExportedProgram) -> list[StateSpec]:
     """The states of ``program``'s stateful ops, in graph order."""
     specs, ordinals = [], Counter()
     for node in stateful_nodes(program):
-        contract = state_contract(node.target)
         args = {k: _meta(v) for k, v in bind_arguments(node.target, node.args, node.kwargs).items()}
-        layer = layer_of(node) or f"layers.{ordinals[contract.kind]}"
-        ordinals[contract.kind] += 1
-        shape = tuple(int(size) for size in contract.shape(args))
-        dtype = str(contract.dtype(args)).removeprefix("torch.")
-        specs.append(
-            StateSpec(f"{layer}.{contract.kind}", contract.kind, shape, dtype, contract.grows)
-        )
+        for slot in state_contract(node.target).slots:
+            layer = layer_of(node) or f"layers.{ordinals[slot.kind]}"
+            ordinals[slot.kind] += 1
+            shape = tuple(int(size) for size in slot.shape(args))
+            dtype = str(slot.dtype(args)).removeprefix("torch.")
+            specs.append(StateSpec(f"{layer}.{slot.kind}", slot.kind, shape, dtype, slot.grows))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):  # e.g. two scans in one layer: fall back to ordinals
         specs = [dataclasses.replace(s, name=f"ssm_op.{i}.{s.kind}") for i, s in enumerate(specs)]
@@ -83,13 +82,15 @@ class _StatefulInterpreter(torch.fx.Interpreter):
         contract = state_contract(target)
         if contract is None:
             return super().call_function(target, args, kwargs)
-        state = self.states_in[len(self.states_out)]
+        first = len(self.states_out)
+        states = self.states_in[first : first + len(contract.slots)]
         bound = bind_arguments(target, args, kwargs)
         if self.step:
-            outputs = contract.step(state, **bound)
+            outputs = contract.step(tuple(states), **bound)
         else:
-            outputs = target(**{**bound, contract.state_arg: state})
-        self.states_out.append(outputs[contract.state_output])
+            given = {slot.arg: state for slot, state in zip(contract.slots, states, strict=True)}
+            outputs = target(**{**bound, **given})
+        self.states_out.extend(outputs[slot.output] for slot in contract.slots)
         return outputs
 
 

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 import ssmcc
 from ssmcc.errors import LoweringError, StreamingError
-from ssmcc.ops.contracts import StateContract, register_state_contract
+from ssmcc.ops.contracts import register_state_contract, single_state
 from ssmcc.passes.position_mixing import position_mixing
 
 from .conftest import make_hf_model
@@ -41,7 +41,7 @@ def _running_sum_step(state, x, initial_state=None):
 
 register_state_contract(
     running_sum,
-    StateContract(
+    single_state(
         kind="sum_state",
         state_arg="initial_state",
         state_output=1,

@@ -31,7 +31,7 @@ from ssmcc.ops._shapes import (
     expect_vector,
     uses_silu,
 )
-from ssmcc.ops.contracts import StateContract, register_state_contract
+from ssmcc.ops.contracts import register_state_contract, single_state
 
 
 def _check_weight(op: str, weight: Tensor, dim) -> None:
@@ -154,7 +154,7 @@ def _conv_step(state, x, weight, bias=None, initial_state=None, activation=None)
 
 register_state_contract(
     causal_conv1d,
-    StateContract(
+    single_state(
         kind="conv_state",
         state_arg="initial_state",
         state_output=1,

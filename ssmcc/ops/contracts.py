@@ -2,24 +2,30 @@
 
 A sequence op such as ``selective_scan`` is a fold over positions: given the state after position
 ``t-1`` it computes position ``t`` and the state after it. Its contract says, in terms of the op's
-own arguments:
+own arguments, for each state it carries (a ``StateSlot``; a fused mixer carries two, its conv
+state and its SSM state):
 
-- ``state_arg``: the argument that takes the state in (``initial_state``; ``None`` = zeros), and
-  ``state_output``: which output is the state after the last position;
+- ``kind``: the state's name in a program (``layers.<i>.<kind>``);
+- ``arg``: the argument that takes the state in (``None`` = zeros), and ``output``: which
+  output is the state after the last position;
 - ``shape(args)``: the state's shape without the batch dim, from the op's inputs (their metadata
   when tracing), and ``dtype(args)``: its dtype;
 - ``grows``: the state axes (batch excluded) that grow with the sequence (a K/V cache grows by one
   position per token; an SSM or conv state never grows: ``()``);
-- ``step(state, **args)``: the one-position counterpart — the op's outputs for a sequence of
-  length 1 continuing from ``state``, the state output being the new state; ``step_op`` names the
-  op it calls (for rule names and reports).
+
+and for the op as a whole:
+
+- ``step(states, **args)``: the one-position counterpart — the op's outputs for a sequence of
+  length 1 continuing from ``states`` (one per slot, in slot order), each slot's output being its
+  new state; ``step_op`` names the op it calls (for rule names and reports).
 
 The passes that expose states as program inputs/outputs, derive the one-token step program and
 chunk long prompts, the runtime's ``State`` and the artifact manifest all read contracts; none of
 them names an op. ``StateSpec`` is one state tensor of one program, as those consumers see it.
 
-Ops register contracts with ``register_state_contract``; an op whose outputs at each position
-depend only on the inputs at that position registers ``register_positionwise`` instead.
+Ops register contracts with ``register_state_contract`` (``single_state`` builds the contract of
+an op with one state); an op whose outputs at each position depend only on the inputs at that
+position registers ``register_positionwise`` instead.
 """
 
 from __future__ import annotations
@@ -34,15 +40,36 @@ _POSITIONWISE: set = set()
 
 
 @dataclasses.dataclass(frozen=True)
-class StateContract:
+class StateSlot:
     kind: str  # the state's name in a program: layers.<i>.<kind>
-    state_arg: str
-    state_output: int
+    arg: str
+    output: int
     shape: Callable[[dict], tuple]
     dtype: Callable[[dict], torch.dtype]
-    step: Callable[..., tuple]
-    step_op: str
     grows: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class StateContract:
+    slots: tuple[StateSlot, ...]
+    step: Callable[..., tuple]  # step(states: tuple, **args)
+    step_op: str
+
+
+def single_state(
+    *,
+    kind: str,
+    state_arg: str,
+    state_output: int,
+    shape: Callable[[dict], tuple],
+    dtype: Callable[[dict], torch.dtype],
+    step: Callable[..., tuple],
+    step_op: str,
+    grows: tuple[int, ...] = (),
+) -> StateContract:
+    """The contract of an op carrying one state; its ``step(state, **args)`` takes it alone."""
+    slot = StateSlot(kind, state_arg, state_output, shape, dtype, grows)
+    return StateContract((slot,), lambda states, **args: step(states[0], **args), step_op)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,7 @@ from ssmcc.ops._shapes import (
     expect_same_shape,
     expect_vector,
 )
-from ssmcc.ops.contracts import StateContract, register_state_contract
+from ssmcc.ops.contracts import register_state_contract, single_state
 from ssmcc.ops.selective_state_update import selective_state_update
 
 OP = "selective_scan"
@@ -149,7 +149,7 @@ def _scan_step(
 
 register_state_contract(
     selective_scan,
-    StateContract(
+    single_state(
         kind="ssm_state",
         state_arg="initial_state",
         state_output=1,

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ssmcc.ops._shapes import expect, expect_rank, expect_same_shape, expect_vector
-from ssmcc.ops.contracts import StateContract, register_state_contract
+from ssmcc.ops.contracts import register_state_contract, single_state
 from ssmcc.ops.ssd_math import discretized_dt, heads_of_groups
 from ssmcc.ops.ssd_state_update import ssd_state_update
 
@@ -186,7 +186,7 @@ def _ssd_step(
 
 register_state_contract(
     ssd_scan,
-    StateContract(
+    single_state(
         kind="ssm_state",
         state_arg="initial_state",
         state_output=1,
