@@ -17,14 +17,23 @@ Rules (hits counted by name; a near miss is reported with the check that failed)
   one group of the whole last dim. The norms are what every block holds once or twice; they are
   fused first because in mamba-130m's step program they are 175 of the 803 ONNX nodes.
 
-Next (the fusion issue): the residual add before the norm (``add_rmsnorm``), the scan epilogue
-(D skip, gate, Mamba-2's gated norm: ``scan_norm``) and a per-layer decode step.
+- ``ssd_mixer`` (``fuse_ssd_mixer.py``): a Mamba-2 mixer's whole chain between its input
+  projection and its output projection — split, transposes, ``causal_conv1d``, split, views,
+  ``ssd_scan``, gated ``rmsnorm_gated`` — becomes one ``ssmcc.ssd_mixer`` reading the projection
+  output in place. In the derived step program it becomes ``ssd_mixer_step``: one op per layer
+  between the two matmuls (mamba2-130m's step.onnx: 532 -> ~150 nodes), and in prefill no
+  transposed or split copies of the activations.
+
+Next (the fusion issue): the residual add before the norm (``add_rmsnorm``) and Mamba-1's mixer
+(its x_proj/dt_proj matmuls sit between the conv and the scan).
 
 The rewrite is exact in float32 (the op computes the same formula); in bf16/fp16 the op rounds
 once where HF rounds before the weight multiply, within one rounding of the input dtype.
 """
 
 from __future__ import annotations
+
+import operator
 
 import torch
 from torch._guards import detect_fake_mode
@@ -33,6 +42,7 @@ from torch.fx import Node
 
 from ssmcc.ops import SSMCC_OPS
 from ssmcc.passes.dim_labels import make_emitter, shape, value
+from ssmcc.passes.fuse_ssd_mixer import SSD_MIXER, SSD_SCAN, match_ssd_mixer, ssd_mixer_call
 from ssmcc.passes.pass_base import PassContext, PassResult
 from ssmcc.passes.program import rebuild_program
 from ssmcc.passes.rules import NodeRule, Reject, apply_rules
@@ -107,26 +117,59 @@ def _is_rmsnorm(unsupported):
     return check
 
 
+def _fake_mode(graph):
+    return detect_fake_mode([n.meta.get("val") for n in graph.nodes if n.op == "placeholder"])
+
+
+def _copy_location(source: Node, nodes) -> None:
+    """The new nodes belong to ``source``'s module (reports and state names read it)."""
+    for node_ in nodes:
+        for key in ("nn_module_stack", "stack_trace"):
+            if key in source.meta:
+                node_.meta[key] = source.meta[key]
+
+
+def _is_ssd_mixer(unsupported):
+    def check(scan: Node):
+        for op in ("ssd_mixer", "ssd_mixer_step"):
+            if op in unsupported:
+                return Reject(f"the target cannot run {op}: {unsupported[op]}")
+        match = match_ssd_mixer(scan)
+        return match if isinstance(match, Reject) else True
+
+    return check
+
+
+def _fuse_ssd_mixer(scan: Node) -> None:
+    match = match_ssd_mixer(scan)
+    norm = match["norm"]
+    emit = make_emitter(scan.graph, _fake_mode(scan.graph))
+    with scan.graph.inserting_before(norm):
+        mixer = emit(SSD_MIXER, *ssd_mixer_call(match))
+        y = emit(operator.getitem, mixer, 0)
+    _copy_location(scan, (mixer, y))
+    norm.replace_all_uses_with(y)
+
+
 def _fuse_rmsnorm(node: Node) -> None:
     x, eps, out, weight = _rms_parts(node)
     graph = node.graph
-    fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes if n.op == "placeholder"])
-    emit = make_emitter(graph, fake_mode)
+    emit = make_emitter(graph, _fake_mode(graph))
     with graph.inserting_before(out):
         fused = emit(RMSNORM, x, None, weight, shape(x)[-1], eps, False)
         new = [fused]
         if value(fused).dtype != value(out).dtype:
             fused = emit(aten._to_copy.default, fused, dtype=value(out).dtype)
             new.append(fused)
-    for node_ in new:  # the fused op belongs to the norm's module
-        for key in ("nn_module_stack", "stack_trace"):
-            if key in out.meta:
-                node_.meta[key] = out.meta[key]
+    _copy_location(out, new)  # the fused op belongs to the norm's module
     out.replace_all_uses_with(fused)
 
 
 def rules(unsupported: dict) -> tuple[NodeRule, ...]:
-    return (NodeRule("rmsnorm", (aten.rsqrt.default,), _is_rmsnorm(unsupported), _fuse_rmsnorm),)
+    return (
+        NodeRule("rmsnorm", (aten.rsqrt.default,), _is_rmsnorm(unsupported), _fuse_rmsnorm),
+        NodeRule("ssd_mixer", (SSD_SCAN,), _is_ssd_mixer(unsupported), _fuse_ssd_mixer),
+    )
 
 
 def fuse_scan_norm_mlp(program: ExportedProgram, ctx: PassContext) -> PassResult:

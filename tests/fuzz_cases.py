@@ -140,6 +140,8 @@ def draw(op: str, seed: int) -> Case:
         args = _ssd_args(t, op, batch, length)
     elif op == "rmsnorm_gated":
         args = _norm_args(t)
+    elif op in ("ssd_mixer", "ssd_mixer_step"):
+        args = _mixer_args(t, op, batch, length)
     else:
         width = rng.choice((1, 2, 3, 4, 4, 5))
         activation = rng.choice((None, "silu", "swish"))
@@ -200,6 +202,56 @@ def _ssd_args(t: _Tensors, op: str, batch: int, length: int) -> dict:
     else:
         args = {"state": state, **args}
     return args
+
+
+def _mixer_args(t: _Tensors, op: str, batch: int, length: int) -> dict:
+    """The fused Mamba-2 mixer: the projection output holds z (or no gate), xBC and dt in a
+    random order with random gaps; the rest as for ssd_scan, a conv of width 1-5 and a grouped
+    gated norm."""
+    rng = t.rng
+    heads, head_dim, n = rng.choice(HEADS), rng.choice(HEAD_DIMS), rng.choice(SSD_STATES)
+    groups = rng.choice([g for g in range(1, heads + 1) if heads % g == 0])
+    inner = heads * head_dim
+    channels, width = inner + 2 * groups * n, rng.choice((1, 2, 3, 4, 4, 5))
+    pieces = {"xBC": channels, "dt": heads}
+    if rng.random() < 0.8:
+        pieces["z"] = inner
+    offsets, at = {}, 0
+    for name in rng.sample(sorted(pieces), len(pieces)):
+        at += rng.choice((0, 0, 1, 3))
+        offsets[name], at = at, at + pieces[name]
+    proj_width = at + rng.choice((0, 2))
+    time = (length,) if op == "ssd_mixer" else ()
+    softplus = rng.random() < 0.7
+    proj = t.randn(batch, *time, proj_width)
+    if not softplus:  # dt >= 0 without softplus (see _dt_bias)
+        dt = slice(offsets["dt"], offsets["dt"] + heads)
+        proj[..., dt] = proj[..., dt].abs() * 0.5
+    clamp = (0.0, None) if rng.random() < 0.8 else (rng.uniform(0, 0.05), rng.uniform(0.3, 2))
+    states = 0.5 if op == "ssd_mixer" else 1.0
+    D_shape = rng.choice([None, (heads,), (heads, head_dim)])
+    return dict(
+        zxbcdt=proj,
+        conv_weight=t.randn(channels, width, scale=0.5),
+        conv_bias=t.maybe(0.5, lambda: t.randn(channels)),
+        A=-torch.exp(t.randn(heads, scale=0.7).double()).to(t.dtype),
+        D=None if D_shape is None else t.randn(*D_shape),
+        dt_bias=_dt_bias(t, heads, softplus),
+        norm_weight=t.randn(inner),
+        groups=groups,
+        z_offset=offsets.get("z", -1),
+        xbc_offset=offsets["xBC"],
+        dt_offset=offsets["dt"],
+        norm_group_size=rng.choice([g for g in range(1, inner + 1) if inner % g == 0]),
+        eps=rng.choice((1e-6, 1e-5)),
+        norm_before_gate=rng.random() < 0.3,
+        activation=rng.choice((None, "silu")),
+        dt_softplus=softplus,
+        dt_min=clamp[0],
+        dt_max=clamp[1],
+        conv_state=t.maybe(states, lambda: t.randn(batch, channels, width - 1)),
+        ssm_state=t.maybe(states, lambda: t.randn(batch, heads, head_dim, n)),
+    )
 
 
 def _norm_args(t: _Tensors) -> dict:

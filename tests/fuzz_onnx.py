@@ -11,6 +11,17 @@ import torch
 
 from .fuzz_cases import Case
 
+_MIXER_INPUTS = (
+    "zxbcdt",
+    "conv_weight",
+    "conv_bias",
+    "A",
+    "D",
+    "dt_bias",
+    "norm_weight",
+    "conv_state",
+    "ssm_state",
+)
 _NODES = {  # op -> (ONNX op type, node inputs, number of outputs)
     "selective_scan": (
         "SelectiveScan",
@@ -35,6 +46,8 @@ _NODES = {  # op -> (ONNX op type, node inputs, number of outputs)
         2,
     ),
     "rmsnorm_gated": ("RmsNormGated", ("x", "z", "weight"), 1),
+    "ssd_mixer": ("SsdMixer", _MIXER_INPUTS, 3),
+    "ssd_mixer_step": ("SsdMixerStep", _MIXER_INPUTS, 3),
 }
 
 
@@ -81,6 +94,36 @@ def _ssd_form(op: str, a: dict) -> dict:
     return attrs
 
 
+def _mixer_form(op: str, a: dict) -> dict:
+    heads, inner = a["A"].shape[0], a["norm_weight"].shape[0]
+    channels, width = a["conv_weight"].shape
+    head_dim, groups = inner // heads, a["groups"]
+    batch = a["zxbcdt"].shape[0]
+    D = torch.zeros(heads) if a["D"] is None else a["D"]
+    a["D"] = D[:, None].expand(heads, head_dim) if D.dim() == 1 else D
+    a["conv_bias"] = torch.zeros(channels) if a["conv_bias"] is None else a["conv_bias"]
+    a["dt_bias"] = torch.zeros(heads) if a["dt_bias"] is None else a["dt_bias"]
+    if a["conv_state"] is None:
+        a["conv_state"] = torch.zeros(batch, channels, width - 1)
+    if a["ssm_state"] is None:
+        state = (channels - inner) // (2 * groups)
+        a["ssm_state"] = torch.zeros(batch, heads, head_dim, state)
+    return {
+        "groups": int(groups),
+        "z_offset": max(int(a["z_offset"]), 0),
+        "has_z": int(a["z_offset"] >= 0),
+        "xbc_offset": int(a["xbc_offset"]),
+        "dt_offset": int(a["dt_offset"]),
+        "norm_group_size": int(a["norm_group_size"]),
+        "eps": float(a["eps"]),
+        "norm_before_gate": int(a["norm_before_gate"]),
+        "activation": int(a["activation"] is not None),
+        "dt_softplus": int(a["dt_softplus"]),
+        "dt_min": float(a["dt_min"]),
+        "dt_max": float("inf") if a["dt_max"] is None else float(a["dt_max"]),
+    }
+
+
 def node_form(case: Case) -> tuple[dict, dict]:
     """(inputs as float32 arrays, attributes) of the op's ONNX node."""
     a = {k: v.float() if isinstance(v, torch.Tensor) else v for k, v in case.args.items()}
@@ -88,6 +131,8 @@ def node_form(case: Case) -> tuple[dict, dict]:
         attrs = _mamba1_form(case.op, a)
     elif case.op in ("ssd_scan", "ssd_state_update"):
         attrs = _ssd_form(case.op, a)
+    elif case.op in ("ssd_mixer", "ssd_mixer_step"):
+        attrs = _mixer_form(case.op, a)
     elif case.op == "rmsnorm_gated":
         attrs = {
             "group_size": int(a["group_size"]),
@@ -109,19 +154,33 @@ def node_form(case: Case) -> tuple[dict, dict]:
 _SESSIONS: dict = {}
 
 
-def _function(op: str, width: int | None):
-    from ssmcc.lowering.onnx import functions, functions_ssd
+def _functions(op: str, width: int | None) -> list:
+    """The model-local functions the op's node needs (a fused op's body calls others)."""
+    from ssmcc.lowering.onnx import functions, functions_mixer, functions_ssd
     from ssmcc.lowering.onnx.export import OPSET
 
-    return {
-        "selective_scan": lambda: functions.selective_scan_function(OPSET),
-        "selective_state_update": lambda: functions.selective_state_update_function(OPSET),
-        "causal_conv1d": lambda: functions.causal_conv1d_function(OPSET, width),
-        "causal_conv1d_update": lambda: functions.causal_conv1d_update_function(OPSET),
-        "ssd_scan": lambda: functions_ssd.ssd_scan_function(OPSET),
-        "ssd_state_update": lambda: functions_ssd.ssd_state_update_function(OPSET),
-        "rmsnorm_gated": lambda: functions_ssd.rmsnorm_gated_function(OPSET),
-    }[op]()
+    bodies = {
+        "selective_scan": lambda: [functions.selective_scan_function(OPSET)],
+        "selective_state_update": lambda: [functions.selective_state_update_function(OPSET)],
+        "causal_conv1d": lambda: [functions.causal_conv1d_function(OPSET, width)],
+        "causal_conv1d_update": lambda: [functions.causal_conv1d_update_function(OPSET)],
+        "ssd_scan": lambda: [functions_ssd.ssd_scan_function(OPSET)],
+        "ssd_state_update": lambda: [functions_ssd.ssd_state_update_function(OPSET)],
+        "rmsnorm_gated": lambda: [functions_ssd.rmsnorm_gated_function(OPSET)],
+        "ssd_mixer": lambda: [
+            functions_mixer.ssd_mixer_function(OPSET),
+            functions.causal_conv1d_function(OPSET, width),
+            functions_ssd.ssd_scan_function(OPSET),
+            functions_ssd.rmsnorm_gated_function(OPSET),
+        ],
+        "ssd_mixer_step": lambda: [
+            functions_mixer.ssd_mixer_step_function(OPSET),
+            functions.causal_conv1d_update_function(OPSET),
+            functions_ssd.ssd_state_update_function(OPSET),
+            functions_ssd.rmsnorm_gated_function(OPSET),
+        ],
+    }
+    return bodies[op]()
 
 
 def session(op: str, attrs: dict, ranks: dict, library: bool, width: int | None = None):
@@ -137,7 +196,7 @@ def session(op: str, attrs: dict, ranks: dict, library: bool, width: int | None 
         from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
 
         op_type, inputs, count = _NODES[op]
-        outputs = ["out", "state_out"][:count]
+        outputs = ["out", "state_out", "state2_out"][:count]
         value = lambda name: helper.make_tensor_value_info(  # noqa: E731
             name, TensorProto.FLOAT, [f"{name}_{axis}" for axis in range(ranks[name])]
         )
@@ -148,7 +207,7 @@ def session(op: str, attrs: dict, ranks: dict, library: bool, width: int | None 
         model = helper.make_model(
             graph,
             opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, VERSION)],
-            functions=[_function(op, width)],
+            functions=_functions(op, width),
         )
         options = ort.SessionOptions()
         options.intra_op_num_threads = 2
@@ -164,6 +223,8 @@ def session(op: str, attrs: dict, ranks: dict, library: bool, width: int | None 
 
 def output_ranks(op: str, feed: dict) -> dict:
     """Ranks of the node's outputs: ``out`` like its main input, the state like the state in."""
+    if op in ("ssd_mixer", "ssd_mixer_step"):
+        return {"out": feed["zxbcdt"].ndim, "state_out": 3, "state2_out": 4}
     main = {"selective_scan": "u", "ssd_scan": "x"}.get(op, "x")
     state = {
         "selective_scan": "initial_state",
@@ -181,7 +242,11 @@ def output_ranks(op: str, feed: dict) -> dict:
 
 def session_for(op: str, feed: dict, attrs: dict, library: bool):
     """The session that runs ``feed`` (its ranks, its conv width) through the op's node."""
-    width = feed["weight"].shape[1] if op in ("causal_conv1d", "causal_conv1d_update") else None
+    width = None
+    if op in ("causal_conv1d", "causal_conv1d_update"):
+        width = feed["weight"].shape[1]
+    elif op == "ssd_mixer":
+        width = feed["conv_weight"].shape[1]
     ranks = {name: array.ndim for name, array in feed.items()} | output_ranks(op, feed)
     return session(op, attrs, ranks, library, width)
 

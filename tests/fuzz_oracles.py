@@ -99,9 +99,15 @@ def oracle(case: Case) -> tuple[torch.Tensor, ...]:
         y = (new * C).sum(-1)
         y = y if a["D"] is None else y + a["D"] * a["x"]
         return _gate(y, a["z"]), new
+    if case.op in ("ssd_mixer", "ssd_mixer_step"):
+        return _mixer(case.op, a)
+    return _conv(case.op, a)
+
+
+def _conv(op: str, a: dict):
     x, weight = a["x"], a["weight"]
     width = weight.shape[1]
-    if case.op == "causal_conv1d":
+    if op == "causal_conv1d":
         previous = a["initial_state"]
         if previous is None:
             previous = x.new_zeros(x.shape[0], x.shape[1], width - 1)
@@ -113,4 +119,55 @@ def oracle(case: Case) -> tuple[torch.Tensor, ...]:
     out = out if a["bias"] is None else out + a["bias"][:, None]
     out = out * torch.sigmoid(out) if a["activation"] else out
     state = xs[..., xs.shape[-1] - (width - 1) :]
-    return (out[..., 0], state) if case.op == "causal_conv1d_update" else (out, state)
+    return (out[..., 0], state) if op == "causal_conv1d_update" else (out, state)
+
+
+def _mixer(op: str, a: dict):
+    """The mixer's chain: conv on the xBC slice, SSD on its split, gated norm with the z slice."""
+    step = op == "ssd_mixer_step"
+    proj = a["zxbcdt"] if not step else a["zxbcdt"][:, None]  # (b, l, w)
+    batch, length = proj.shape[:2]
+    heads, inner = a["A"].shape[0], a["norm_weight"].shape[0]
+    channels, width = a["conv_weight"].shape
+    gn = (channels - inner) // 2
+    take = lambda at, size: proj[..., at : at + size]  # noqa: E731
+    conv_state = a["conv_state"]
+    if conv_state is None:
+        conv_state = torch.zeros(batch, channels, width - 1, dtype=torch.float64)
+    conv_args = dict(
+        x=take(a["xbc_offset"], channels).transpose(1, 2),
+        weight=a["conv_weight"],
+        bias=a["conv_bias"],
+        initial_state=conv_state,
+        activation=a["activation"],
+    )
+    xbc, conv_last = _conv("causal_conv1d", conv_args)
+    xbc = xbc.transpose(1, 2)
+    groups = a["groups"]
+    ssd_args = dict(
+        x=xbc[..., :inner].unflatten(-1, (heads, inner // heads)),
+        dt=take(a["dt_offset"], heads),
+        A=a["A"],
+        B=xbc[..., inner : inner + gn].unflatten(-1, (groups, gn // groups)),
+        C=xbc[..., inner + gn :].unflatten(-1, (groups, gn // groups)),
+        D=a["D"],
+        z=None,
+        dt_bias=a["dt_bias"],
+        dt_softplus=a["dt_softplus"],
+        dt_min=a["dt_min"],
+        dt_max=a["dt_max"] if a["dt_max"] is not None else float("inf"),
+        initial_state=a["ssm_state"],
+    )
+    y, ssm_last = _ssd("ssd_scan", ssd_args)
+    z = None if a["z_offset"] < 0 else take(a["z_offset"], inner)
+    (out,) = _norm(
+        dict(
+            x=y.flatten(-2),
+            z=z,
+            weight=a["norm_weight"],
+            group_size=a["norm_group_size"],
+            eps=a["eps"],
+            norm_before_gate=a["norm_before_gate"],
+        )
+    )
+    return (out[:, 0] if step else out), conv_last, ssm_last

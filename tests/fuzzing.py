@@ -43,6 +43,8 @@ OPS = (
     "ssd_scan",
     "ssd_state_update",
     "rmsnorm_gated",
+    "ssd_mixer",
+    "ssd_mixer_step",
 )
 FAMILY = {"selective_state_update": "step", "ssd_state_update": "step", "rmsnorm_gated": "norm"}
 PATHS = ("reference", "cpp", "ort-lib", "portable")
@@ -81,7 +83,12 @@ RUNNERS = {
 
 def applies(case: Case, path: str) -> bool:
     """Whether ``path`` takes this case (the ONNX graphs never see an empty sequence)."""
-    sequence = {"selective_scan": ("u", -1), "causal_conv1d": ("x", -1), "ssd_scan": ("x", 1)}
+    sequence = {
+        "selective_scan": ("u", -1),
+        "causal_conv1d": ("x", -1),
+        "ssd_scan": ("x", 1),
+        "ssd_mixer": ("zxbcdt", 1),
+    }
     name, axis = sequence.get(case.op, (None, None))
     empty = name is not None and case.args[name].shape[axis] == 0
     return not (empty and path in ("ort-lib", "portable"))
@@ -98,7 +105,8 @@ def check(case: Case, path: str) -> str | None:
     got = (got,) if isinstance(got, torch.Tensor) else tuple(got)
     if len(got) != len(expected):
         return f"{path} returned {len(got)} outputs, expected {len(expected)}"
-    for name, g, e in zip(("out", "state")[: len(got)], got, expected, strict=True):
+    names = ("out", "state", "second state")[: len(got)]
+    for name, g, e in zip(names, got, expected, strict=True):
         dtype = g.dtype if g.dtype in (torch.bfloat16, torch.float16) else torch.float32
         rtol, atol = TOLERANCES[family, dtype]
         if tuple(g.shape) != tuple(e.shape):

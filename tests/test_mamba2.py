@@ -60,12 +60,18 @@ def onnx_loaded(onnx_model, tmp_path_factory):
 
 
 def test_one_op_of_each_kind_per_layer(torch_model):
+    """Unfused: a conv, a scan and a gated norm per layer; by default (fuse_scan_norm_mlp) the
+    three and everything between them are one ssd_mixer."""
     model, compiled = torch_model
     layers = model.config.num_hidden_layers
-    assert compiled.report.op_counts == {
+    # each block's norm and norm_f
+    assert compiled.report.op_counts == {"ssd_mixer": layers, "rmsnorm_gated": layers + 1}
+    assert compiled.report.rule_hits["fuse_scan_norm_mlp.ssd_mixer"] == layers
+    unfused = ssmcc.compile(model, target="torch", pipeline="unfused")
+    assert unfused.report.op_counts == {
         "causal_conv1d": layers,
         "ssd_scan": layers,
-        "rmsnorm_gated": 2 * layers + 1,  # each mixer's gated norm; each block's norm, norm_f
+        "rmsnorm_gated": layers,  # each mixer's gated norm (the plain norms stay ATen)
     }
     assert compiled.report.capture.dynamic_dims["input_ids"] == ["batch[1,inf]", "seq[1,inf]"]
     assert compiled.report.capture.routes == ["hf-mamba2"]

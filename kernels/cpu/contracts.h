@@ -16,6 +16,10 @@
 //   ssd_state_update        state (b, h, p, n); x, z (b, h, p); dt (b, h); A, dt_bias (h);
 //                           D (h, p); B, C (b, g, n);                            g divides h
 //   rmsnorm_gated           x, z, out (rows, d); weight (d);        group_size >= 1 divides d
+//   ssd_mixer               proj (b, l, w); conv weight (c, k), c = h p + 2 g n; A, dt_bias (h);
+//                           D (h, p); norm weight (h p); conv state (b, c, k-1); ssm state
+//                           (b, h, p, n); z/xBC/dt spans within w; g divides h; the norm's
+//                           group size divides h p (a step: proj (b, w), length 1)
 // The ssd ops may read x, dt, B, C, z with a token stride (elements from one position to the
 // next, inner dims packed): 0 (packed) or at least the packed width (check_ssd_strides).
 #pragma once
@@ -87,6 +91,31 @@ inline std::string check_ssd_strides(const char* op, int64_t heads, int64_t head
   return first_error({check_stride(op, "x", x_stride, hp), check_stride(op, "dt", dt_stride, heads),
                       check_stride(op, "B", b_stride, gn), check_stride(op, "C", c_stride, gn),
                       check_stride(op, "z", z_stride, hp)});
+}
+
+inline std::string check_span(const char* op, const char* name, int64_t offset, int64_t size,
+                              int64_t width) {
+  if (offset >= 0 && offset + size <= width) return "";
+  return std::string(op) + ": " + name + " at [" + std::to_string(offset) + ", " +
+         std::to_string(offset + size) + ") does not fit the projection width " +
+         std::to_string(width);
+}
+
+inline std::string check_ssd_mixer(const char* op, int64_t batch, int64_t length, int64_t width,
+                                   int64_t heads, int64_t head_dim, int64_t groups,
+                                   int64_t dstate, int64_t kernel, int64_t z_offset,
+                                   int64_t xbc_offset, int64_t dt_offset,
+                                   int64_t norm_group_size) {
+  std::string error = check_ssd(op, batch, length, heads, head_dim, groups, dstate);
+  const int64_t inner = heads * head_dim, channels = inner + 2 * groups * dstate;
+  if (error.empty() && kernel < 1)
+    error = std::string(op) + ": kernel width is " + std::to_string(kernel) + ", expected >= 1";
+  if (error.empty() && (norm_group_size < 1 || inner % norm_group_size != 0))
+    error = std::string(op) + ": norm group size " + std::to_string(norm_group_size) +
+            " does not divide " + std::to_string(inner);
+  return first_error({error, check_span(op, "xBC", xbc_offset, channels, width),
+                      check_span(op, "dt", dt_offset, heads, width),
+                      z_offset < 0 ? "" : check_span(op, "z", z_offset, inner, width)});
 }
 
 inline std::string check_norm(const char* op, int64_t rows, int64_t dim, int64_t group_size) {

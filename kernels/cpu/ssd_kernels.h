@@ -115,17 +115,18 @@ inline void ssd_state_update_rows(const SsdArgs& a, int64_t row_begin, int64_t r
 
 struct NormArgs {
   const float *x, *z, *weight;  // x, z: (rows, d); weight (d)
-  float* out;
+  float* out;                   // may be x (the norm runs in place)
   int64_t rows, dim, group_size;
   float eps;
   bool norm_before_gate;
+  int64_t z_stride = 0;  // elements from one row of z to the next; 0: d
 };
 
 inline void rmsnorm_gated_rows(const NormArgs& a, int64_t row_begin, int64_t row_end) {
-  const int64_t d = a.dim, gs = a.group_size;
+  const int64_t d = a.dim, gs = a.group_size, z_stride = a.z_stride ? a.z_stride : d;
   for (int64_t row = row_begin; row < row_end; ++row) {
     const float* x = a.x + row * d;
-    const float* z = a.z ? a.z + row * d : nullptr;
+    const float* z = a.z ? a.z + row * z_stride : nullptr;
     float* out = a.out + row * d;
     if (z && !a.norm_before_gate) {
 #pragma omp simd

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ssmcc.kernels.cpu.mixer_binding import MIXER_KERNELS, MIXER_VERIFIED_KERNELS
 from ssmcc.kernels.cpu.native import as_f32, available, call_kernel, library, pointer  # noqa: F401
 from ssmcc.kernels.cpu.ssd_binding import SSD_KERNELS, SSD_VERIFIED_KERNELS
 from ssmcc.ops._shapes import uses_silu
@@ -143,6 +144,7 @@ KERNELS = {
     "selective_state_update": selective_state_update_cpu,
     "causal_conv1d_update": causal_conv1d_update_cpu,
     **SSD_KERNELS,
+    **MIXER_KERNELS,
 }
 # For programs whose shapes the IR verifier already checked against the ops' fake
 # implementations (the torch lowering): no per-call Python shape checks.
@@ -152,4 +154,5 @@ VERIFIED_PROGRAM_KERNELS = {
     "selective_state_update": _selective_state_update,
     "causal_conv1d_update": _causal_conv1d_update,
     **SSD_VERIFIED_KERNELS,
+    **MIXER_VERIFIED_KERNELS,
 }

@@ -11,6 +11,7 @@
 #include "contracts.h"
 #include "ssd_chunked.h"
 #include "ssd_kernels.h"
+#include "ssd_mixer.h"
 #include "ssm_kernels.h"
 
 #define SSMCC_EXPORT extern "C" __attribute__((visibility("default")))
@@ -126,6 +127,26 @@ SSMCC_EXPORT int ssmcc_causal_conv1d_update_f32(const float* x, const float* sta
   });
 }
 
+namespace {
+// ssd_scan of ``args`` (strides resolved): chunked from kSsdChunkedFrom positions, else
+// sequential; rows over the OpenMP team.
+void run_ssd_scan(const ssmcc::SsdArgs& args, int threads) {
+  const int64_t rows = args.batch * args.heads, work = args.length * args.head_dim * args.dstate;
+  if (!ssmcc::ssd_use_chunked(args)) {
+    parallel_rows(rows, work, threads,
+                  [&](int64_t b, int64_t e) { ssmcc::ssd_scan_rows(args, b, e); });
+    return;
+  }
+  std::vector<float> gram(ssmcc::ssd_gram_floats(args));
+  const ssmcc::SsdChunked chunked{args, gram.data()};
+  const int64_t Q = ssmcc::kSsdChunk;
+  parallel_rows(args.batch * args.groups * ssmcc::ssd_chunks(args), Q * Q * args.dstate, threads,
+                [&](int64_t b, int64_t e) { ssmcc::ssd_gram_rows(chunked, b, e); });
+  parallel_rows(rows, work, threads,
+                [&](int64_t b, int64_t e) { ssmcc::ssd_chunked_rows(chunked, b, e); });
+}
+}  // namespace
+
 SSMCC_EXPORT int ssmcc_ssd_scan_f32(const float* x, const float* dt, const float* A, const float* B,
                                     const float* C, const float* D, const float* z,
                                     const float* dt_bias, const float* h0, float* out,
@@ -143,20 +164,92 @@ SSMCC_EXPORT int ssmcc_ssd_scan_f32(const float* x, const float* dt, const float
                         dt_bias, h0,    out,   last,     batch,  length, heads,
                         head_dim, groups, dstate, softplus != 0, dt_min, dt_max,
                         x_stride, dt_stride, b_stride, c_stride, z_stride};
-    args = ssmcc::with_strides(args);
-    if (!ssmcc::ssd_use_chunked(args)) {
-      parallel_rows(batch * heads, length * head_dim * dstate, threads,
-                    [&](int64_t b, int64_t e) { ssmcc::ssd_scan_rows(args, b, e); });
-      return;
-    }
-    std::vector<float> gram(ssmcc::ssd_gram_floats(args));
-    const ssmcc::SsdChunked chunked{args, gram.data()};
-    const int64_t Q = ssmcc::kSsdChunk;
-    parallel_rows(batch * groups * ssmcc::ssd_chunks(args), Q * Q * dstate, threads,
-                  [&](int64_t b, int64_t e) { ssmcc::ssd_gram_rows(chunked, b, e); });
-    parallel_rows(batch * heads, length * head_dim * dstate, threads,
-                  [&](int64_t b, int64_t e) { ssmcc::ssd_chunked_rows(chunked, b, e); });
+    run_ssd_scan(ssmcc::with_strides(args), threads);
   });
+}
+
+// ssd_mixer (length >= 0 positions) and ssd_mixer_step (``step``: proj (b, w), length 1).
+namespace {
+int ssd_mixer_entry(bool step, const float* proj, const float* conv_weight,
+                    const float* conv_bias, const float* A, const float* D, const float* dt_bias,
+                    const float* norm_weight, const float* conv_state, const float* ssm_state,
+                    float* y, float* conv_state_out, float* ssm_state_out, int64_t batch,
+                    int64_t length, int64_t width, int64_t heads, int64_t head_dim,
+                    int64_t groups, int64_t dstate, int64_t kernel, int64_t z_offset,
+                    int64_t xbc_offset, int64_t dt_offset, int64_t norm_group_size,
+                    int32_t silu, int32_t softplus, int32_t norm_before_gate, float dt_min,
+                    float dt_max, float eps, int32_t threads) {
+  const char* op = step ? "ssd_mixer_step" : "ssd_mixer";
+  const auto contract =
+      ssmcc::check_ssd_mixer(op, batch, length, width, heads, head_dim, groups, dstate, kernel,
+                             z_offset, xbc_offset, dt_offset, norm_group_size);
+  return guarded(contract, [&] {
+    const int64_t channels = heads * head_dim + 2 * groups * dstate;
+    std::vector<float> weight_t(step ? 0 : kernel * channels), xbc(batch * length * channels);
+    ssmcc::transpose_conv_weight(conv_weight, weight_t.data(), channels, kernel, step);
+    const ssmcc::MixerArgs a{proj, conv_weight, conv_bias, weight_t.data(), A, D, dt_bias,
+                             norm_weight, conv_state, ssm_state, y, conv_state_out,
+                             ssm_state_out, xbc.data(),
+                             batch, length, width, heads, head_dim, groups, dstate, kernel,
+                             z_offset, xbc_offset, dt_offset, norm_group_size, silu != 0,
+                             softplus != 0, norm_before_gate != 0, dt_min, dt_max, eps};
+    const int64_t inner = heads * head_dim;
+    if (step) {
+      ssmcc::mixer_conv_step_rows(a, 0, batch);
+      const ssmcc::SsdArgs scan = ssmcc::mixer_scan_args(a);
+      // the state update streams the whole state (p n floats a head) through memory: two
+      // threads pull more bandwidth than one even at batch 1, so no work threshold here
+      parallel_rows(batch * heads, ssmcc::tuning::kParallelWork, threads,
+                    [&](int64_t b, int64_t e) { ssmcc::ssd_state_update_rows(scan, b, e); });
+    } else {
+      const int64_t blocks = (length + ssmcc::tuning::kMixerConvBlock - 1) /
+                             ssmcc::tuning::kMixerConvBlock;
+      parallel_rows(batch * blocks, ssmcc::tuning::kMixerConvBlock * channels * kernel, threads,
+                    [&](int64_t b, int64_t e) { ssmcc::mixer_conv_rows(a, b, e); });
+      ssmcc::mixer_conv_state_out(a);
+      run_ssd_scan(ssmcc::mixer_scan_args(a), threads);
+    }
+    parallel_rows(batch * length, inner, threads,
+                  [&](int64_t b, int64_t e) { ssmcc::mixer_norm_rows(a, b, e); });
+  });
+}
+}  // namespace
+
+SSMCC_EXPORT int ssmcc_ssd_mixer_f32(const float* proj, const float* conv_weight,
+                                     const float* conv_bias, const float* A, const float* D,
+                                     const float* dt_bias, const float* norm_weight,
+                                     const float* conv_state, const float* ssm_state, float* y,
+                                     float* conv_state_out, float* ssm_state_out, int64_t batch,
+                                     int64_t length, int64_t width, int64_t heads,
+                                     int64_t head_dim, int64_t groups, int64_t dstate,
+                                     int64_t kernel, int64_t z_offset, int64_t xbc_offset,
+                                     int64_t dt_offset, int64_t norm_group_size, int32_t silu,
+                                     int32_t softplus, int32_t norm_before_gate, float dt_min,
+                                     float dt_max, float eps, int32_t threads) {
+  return ssd_mixer_entry(false, proj, conv_weight, conv_bias, A, D, dt_bias, norm_weight,
+                         conv_state, ssm_state, y, conv_state_out, ssm_state_out, batch, length,
+                         width, heads, head_dim, groups, dstate, kernel, z_offset, xbc_offset,
+                         dt_offset, norm_group_size, silu, softplus, norm_before_gate, dt_min,
+                         dt_max, eps, threads);
+}
+
+SSMCC_EXPORT int ssmcc_ssd_mixer_step_f32(const float* proj, const float* conv_weight,
+                                          const float* conv_bias, const float* A, const float* D,
+                                          const float* dt_bias, const float* norm_weight,
+                                          const float* conv_state, const float* ssm_state,
+                                          float* y, float* conv_state_out, float* ssm_state_out,
+                                          int64_t batch, int64_t width, int64_t heads,
+                                          int64_t head_dim, int64_t groups, int64_t dstate,
+                                          int64_t kernel, int64_t z_offset, int64_t xbc_offset,
+                                          int64_t dt_offset, int64_t norm_group_size,
+                                          int32_t silu, int32_t softplus,
+                                          int32_t norm_before_gate, float dt_min, float dt_max,
+                                          float eps, int32_t threads) {
+  return ssd_mixer_entry(true, proj, conv_weight, conv_bias, A, D, dt_bias, norm_weight,
+                         conv_state, ssm_state, y, conv_state_out, ssm_state_out, batch, 1,
+                         width, heads, head_dim, groups, dstate, kernel, z_offset, xbc_offset,
+                         dt_offset, norm_group_size, silu, softplus, norm_before_gate, dt_min,
+                         dt_max, eps, threads);
 }
 
 SSMCC_EXPORT int ssmcc_ssd_state_update_f32(const float* state, const float* x, const float* dt,
@@ -189,3 +282,4 @@ SSMCC_EXPORT int ssmcc_rmsnorm_gated_f32(const float* x, const float* z, const f
                   [&](int64_t b, int64_t e) { ssmcc::rmsnorm_gated_rows(args, b, e); });
   });
 }
+

@@ -24,4 +24,7 @@ constexpr int64_t kRowsPerTask = 8;
 constexpr int64_t kSsdChunk = 64;
 constexpr int64_t kSsdChunkedFrom = 16;
 
+// ssd_mixer (ssd_mixer.h): positions per task of its channels-last conv.
+constexpr int64_t kMixerConvBlock = 64;
+
 }  // namespace ssmcc::tuning

@@ -232,6 +232,157 @@ def emit_rmsnorm_gated(x, z, weight, group_size, eps=1e-6, norm_before_gate=Fals
     )
 
 
+def _mixer_inputs(zxbcdt, conv_weight, conv_bias, A, D, dt_bias, groups, conv_state, ssm_state):
+    """Zeros for the absent inputs; D as (h, p). Weight shapes are static."""
+    channels, width = conv_weight.shape
+    heads, batch = A.shape[0], _dim(zxbcdt, 0)
+    constant = lambda v: op.Constant(value_ints=[int(v)])  # noqa: E731
+    if conv_bias is None:
+        conv_bias = _zeros(constant(channels))
+    if dt_bias is None:
+        dt_bias = _zeros(constant(heads))
+    return conv_bias, dt_bias, constant, batch, channels, width, heads
+
+
+def _mixer_attributes(
+    groups,
+    z_offset,
+    xbc_offset,
+    dt_offset,
+    norm_group_size,
+    eps,
+    norm_before_gate,
+    activation,
+    dt_softplus,
+    dt_min,
+    dt_max,
+) -> dict:
+    return dict(
+        groups=int(groups),
+        z_offset=max(int(z_offset), 0),
+        has_z=int(z_offset >= 0),
+        xbc_offset=int(xbc_offset),
+        dt_offset=int(dt_offset),
+        norm_group_size=int(norm_group_size),
+        eps=float(eps),
+        norm_before_gate=int(bool(norm_before_gate)),
+        activation=ACTIVATIONS[activation],
+        dt_softplus=int(bool(dt_softplus)),
+        dt_min=float(dt_min),
+        dt_max=math.inf if dt_max is None else float(dt_max),
+        _outputs=3,
+    )
+
+
+def emit_ssd_mixer(
+    zxbcdt,
+    conv_weight,
+    conv_bias,
+    A,
+    D,
+    dt_bias,
+    norm_weight,
+    groups,
+    z_offset,
+    xbc_offset,
+    dt_offset,
+    norm_group_size,
+    eps=1e-6,
+    norm_before_gate=False,
+    activation="silu",
+    dt_softplus=True,
+    dt_min=0.0,
+    dt_max=None,
+    conv_state=None,
+    ssm_state=None,
+):
+    conv_bias, dt_bias, constant, batch, channels, width, heads = _mixer_inputs(
+        zxbcdt, conv_weight, conv_bias, A, D, dt_bias, groups, conv_state, ssm_state
+    )
+    inner = norm_weight.shape[0]
+    head_dim, state = inner // heads, (channels - inner) // (2 * groups)
+    if conv_state is None:
+        conv_state = _zeros(batch, constant(channels), constant(width - 1))
+    if ssm_state is None:
+        ssm_state = _zeros(batch, constant(heads), constant(head_dim), constant(state))
+    return SSMCC.SsdMixer(
+        zxbcdt,
+        conv_weight,
+        conv_bias,
+        A,
+        _per_head_D(D, constant(heads), constant(head_dim)),
+        dt_bias,
+        norm_weight,
+        conv_state,
+        ssm_state,
+        **_mixer_attributes(
+            groups,
+            z_offset,
+            xbc_offset,
+            dt_offset,
+            norm_group_size,
+            eps,
+            norm_before_gate,
+            activation,
+            dt_softplus,
+            dt_min,
+            dt_max,
+        ),
+    )
+
+
+def emit_ssd_mixer_step(
+    zxbcdt,
+    conv_weight,
+    conv_bias,
+    A,
+    D,
+    dt_bias,
+    norm_weight,
+    groups,
+    z_offset,
+    xbc_offset,
+    dt_offset,
+    norm_group_size,
+    eps,
+    norm_before_gate,
+    activation,
+    dt_softplus,
+    dt_min,
+    dt_max,
+    conv_state,
+    ssm_state,
+):
+    conv_bias, dt_bias, constant, _, _, _, heads = _mixer_inputs(
+        zxbcdt, conv_weight, conv_bias, A, D, dt_bias, groups, conv_state, ssm_state
+    )
+    head_dim = norm_weight.shape[0] // heads
+    return SSMCC.SsdMixerStep(
+        zxbcdt,
+        conv_weight,
+        conv_bias,
+        A,
+        _per_head_D(D, constant(heads), constant(head_dim)),
+        dt_bias,
+        norm_weight,
+        conv_state,
+        ssm_state,
+        **_mixer_attributes(
+            groups,
+            z_offset,
+            xbc_offset,
+            dt_offset,
+            norm_group_size,
+            eps,
+            norm_before_gate,
+            activation,
+            dt_softplus,
+            dt_min,
+            dt_max,
+        ),
+    )
+
+
 ONNX_TABLE: dict[str, Emitter] = {
     "selective_scan": Emitter("ssmcc.SelectiveScan node + portable Scan body", emit_selective_scan),
     "causal_conv1d": Emitter("ssmcc.CausalConv1d node + portable body", emit_causal_conv1d),
@@ -244,5 +395,9 @@ ONNX_TABLE: dict[str, Emitter] = {
     "ssd_scan": Emitter("ssmcc.SsdScan node + portable Scan body", emit_ssd_scan),
     "ssd_state_update": Emitter("ssmcc.SsdStateUpdate node + portable body", emit_ssd_state_update),
     "rmsnorm_gated": Emitter("ssmcc.RmsNormGated node + portable body", emit_rmsnorm_gated),
+    "ssd_mixer": Emitter("ssmcc.SsdMixer node + portable body of the ops it fuses", emit_ssd_mixer),
+    "ssd_mixer_step": Emitter(
+        "ssmcc.SsdMixerStep node + portable body of the ops it fuses", emit_ssd_mixer_step
+    ),
 }
 ONNX_UNSUPPORTED: dict[str, str] = {}

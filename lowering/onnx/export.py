@@ -25,6 +25,7 @@ from ssmcc.lowering.onnx.functions import (
     selective_scan_function,
     selective_state_update_function,
 )
+from ssmcc.lowering.onnx.functions_mixer import ssd_mixer_function, ssd_mixer_step_function
 from ssmcc.lowering.onnx.functions_ssd import (
     rmsnorm_gated_function,
     ssd_scan_function,
@@ -65,11 +66,19 @@ def _translation_table(program: ExportedProgram) -> dict:
     return table
 
 
+_CONVS = {SSMCC_OPS[name] for name in ("causal_conv1d", "ssd_mixer")}  # weight (d, k): arg 1
+# The bodies a fused op's body calls (functions_mixer.py).
+_CALLED = {
+    "SsdMixer": ("CausalConv1d", "SsdScan", "RmsNormGated"),
+    "SsdMixerStep": ("CausalConv1dUpdate", "SsdStateUpdate", "RmsNormGated"),
+}
+
+
 def _conv_widths(program: ExportedProgram) -> set[int]:
     return {
         int(node.args[1].meta["val"].shape[1])
         for node in program.graph.nodes
-        if node.op == "call_function" and node.target == SSMCC_OPS["causal_conv1d"]
+        if node.op == "call_function" and node.target in _CONVS
     }
 
 
@@ -174,7 +183,12 @@ def lower_to_onnx(
         "SsdScan": lambda: ssd_scan_function(OPSET),
         "SsdStateUpdate": lambda: ssd_state_update_function(OPSET),
         "RmsNormGated": lambda: rmsnorm_gated_function(OPSET),
+        "SsdMixer": lambda: ssd_mixer_function(OPSET),
+        "SsdMixerStep": lambda: ssd_mixer_step_function(OPSET),
     }
+    for fused, called in _CALLED.items():
+        if fused in used:
+            used.update(called)
     for op_type, make in bodies.items():
         if op_type in used:
             model.functions.append(make())

@@ -29,6 +29,14 @@ Mamba-2 (h heads of p channels, g groups dividing h)::
                    dt_bias[h]; dt_softplus, has_z, dt_min, dt_max) -> out[b,h,p], new_state
     RmsNormGated(x[...,d], z[...,d], weight[d]; group_size, eps, norm_before_gate, has_z) -> out
 
+The fused Mamba-2 mixer (d = h p, c = d + 2 g n; see ``ssmcc.ops.ssd_mixer``)::
+
+    SsdMixer(zxbcdt[b,l,w], conv_weight[c,k], conv_bias[c], A[h], D[h,p], dt_bias[h],
+             norm_weight[d], conv_state[b,c,k-1], ssm_state[b,h,p,n]; groups, z_offset, has_z,
+             xbc_offset, dt_offset, norm_group_size, eps, norm_before_gate, activation,
+             dt_softplus, dt_min, dt_max) -> y[b,l,d], conv_state, ssm_state
+    SsdMixerStep: the same with zxbcdt[b,w] -> y[b,d], conv_state, ssm_state
+
 Registration is process-wide and idempotent.
 """
 
@@ -217,6 +225,55 @@ SCHEMAS += [
             _int_attr("has_z", "1: gated"),
         ],
     ),
+]
+
+
+_MIXER_ATTRIBUTES = [
+    _int_attr("groups", "g: groups of B and C"),
+    _int_attr("z_offset", "z at [z_offset, z_offset + d) of zxbcdt's last axis"),
+    _int_attr("has_z", "1: the norm is gated by z"),
+    _int_attr("xbc_offset", "xBC at [xbc_offset, xbc_offset + c)"),
+    _int_attr("dt_offset", "dt at [dt_offset, dt_offset + h)"),
+    _int_attr("norm_group_size", "channels per normalised group (divides d)"),
+    _float_attr("eps", "added to the mean square"),
+    _int_attr("norm_before_gate", "1: w * norm(y) * silu(z); 0: w * norm(y * silu(z))"),
+    _int_attr("activation", "of the conv: 0 identity, 1 silu"),
+    *[a for a in _DT_ATTRIBUTES if a.name != "has_z"],
+]
+
+
+def _mixer_schema(name: str, proj: str, y: str, doc: str) -> OpSchema:
+    return OpSchema(
+        name,
+        DOMAIN,
+        VERSION,
+        doc=doc,
+        inputs=_inputs(
+            [
+                ("zxbcdt", proj),
+                ("conv_weight", "(c, k)"),
+                ("conv_bias", "(c,)"),
+                ("A", "(h,)"),
+                ("D", "(h, p)"),
+                ("dt_bias", "(h,)"),
+                ("norm_weight", "(d,)"),
+                ("conv_state", "(b, c, k-1)"),
+                ("ssm_state", "(b, h, p, n)"),
+            ]
+        ),
+        outputs=_inputs(
+            [("y", y), ("conv_state_out", "(b, c, k-1)"), ("ssm_state_out", "(b, h, p, n)")]
+        ),
+        type_constraints=[("T", _FLOAT_TYPES, "floating point")],
+        attributes=_MIXER_ATTRIBUTES,
+    )
+
+
+SCHEMAS += [
+    _mixer_schema(
+        "SsdMixer", "(b, l, w)", "(b, l, d)", "Fused Mamba-2 mixer (ssmcc.ops.ssd_mixer)."
+    ),
+    _mixer_schema("SsdMixerStep", "(b, w)", "(b, d)", "One position of SsdMixer."),
 ]
 
 

@@ -15,6 +15,7 @@ from ssmcc.ops.causal_conv1d import (
 from ssmcc.ops.rmsnorm_gated import rmsnorm_gated, rmsnorm_gated_ref
 from ssmcc.ops.selective_scan import selective_scan, selective_scan_ref
 from ssmcc.ops.selective_state_update import selective_state_update, selective_state_update_ref
+from ssmcc.ops.ssd_mixer import ssd_mixer, ssd_mixer_ref, ssd_mixer_step, ssd_mixer_step_ref
 from ssmcc.ops.ssd_scan import ssd_scan, ssd_scan_ref
 from ssmcc.ops.ssd_state_update import ssd_state_update, ssd_state_update_ref
 
@@ -27,6 +28,8 @@ SSMCC_OPS = {
     "ssd_scan": ssd_scan._opoverload,
     "ssd_state_update": ssd_state_update._opoverload,
     "rmsnorm_gated": rmsnorm_gated._opoverload,
+    "ssd_mixer": ssd_mixer._opoverload,
+    "ssd_mixer_step": ssd_mixer_step._opoverload,
 }
 # Each op's pure-PyTorch reference: the oracle, and the fallback wherever no kernel runs.
 SSMCC_REFERENCES = {
@@ -37,6 +40,8 @@ SSMCC_REFERENCES = {
     "ssd_scan": ssd_scan_ref,
     "ssd_state_update": ssd_state_update_ref,
     "rmsnorm_gated": rmsnorm_gated_ref,
+    "ssd_mixer": ssd_mixer_ref,
+    "ssd_mixer_step": ssd_mixer_step_ref,
 }
 
 
@@ -48,6 +53,10 @@ def is_ssmcc_op(target) -> bool:
 __all__ = [
     "rmsnorm_gated",
     "rmsnorm_gated_ref",
+    "ssd_mixer",
+    "ssd_mixer_ref",
+    "ssd_mixer_step",
+    "ssd_mixer_step_ref",
     "ssd_scan",
     "ssd_scan_ref",
     "ssd_state_update",
