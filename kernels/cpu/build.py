@@ -50,6 +50,7 @@ KERNEL_HEADERS = [
     "ssd_chunked.h",
     "ssd_mixer.h",
     "small_gemm.h",
+    "gemv.h",
     "tuning.h",
     "contracts.h",
     "ort_common.h",

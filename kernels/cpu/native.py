@@ -27,6 +27,7 @@ _SIGNATURES = {
     "ssmcc_rmsnorm_gated_f32": [_P] * 4 + [_I64] * 3 + [_F32, _I32, _I32],
     "ssmcc_ssd_mixer_f32": [_P] * 12 + [_I64] * 12 + [_I32] * 3 + [_F32] * 3 + [_I32],
     "ssmcc_ssd_mixer_step_f32": [_P] * 12 + [_I64] * 11 + [_I32] * 3 + [_F32] * 3 + [_I32],
+    "ssmcc_linear_f32": [_P] * 4 + [_I64] * 3 + [_I32],
 }
 
 

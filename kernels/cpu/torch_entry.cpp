@@ -9,6 +9,7 @@
 #include <string>
 
 #include "contracts.h"
+#include "gemv.h"
 #include "ssd_chunked.h"
 #include "ssd_kernels.h"
 #include "ssd_mixer.h"
@@ -283,3 +284,20 @@ SSMCC_EXPORT int ssmcc_rmsnorm_gated_f32(const float* x, const float* z, const f
   });
 }
 
+SSMCC_EXPORT int ssmcc_linear_f32(const float* x, const float* weight, const float* bias, float* y,
+                                  int64_t rows, int64_t out_features, int64_t in_features,
+                                  int32_t threads) {
+  const auto contract = ssmcc::first_error(
+      {ssmcc::check_nonnegative("linear", "rows", rows),
+       ssmcc::check_nonnegative("linear", "out_features", out_features),
+       ssmcc::check_nonnegative("linear", "in_features", in_features)});
+  return guarded(contract, [&] {
+    const ssmcc::GemvArgs args{x, weight, bias, y, rows, out_features, in_features};
+    // split the output features in whole blocks, so every thread streams its own weight rows
+    const int64_t blocks = (out_features + ssmcc::kGemvBlock - 1) / ssmcc::kGemvBlock;
+    parallel_rows(blocks, rows * in_features * ssmcc::kGemvBlock, threads, [&](int64_t b, int64_t e) {
+      ssmcc::gemv_rows(args, b * ssmcc::kGemvBlock,
+                       std::min(e * ssmcc::kGemvBlock, out_features));
+    });
+  });
+}

@@ -13,8 +13,10 @@ program against the ops' fake implementations); otherwise (or with ``kernels="re
 op library's pure-PyTorch reference.
 
 The weights are then frozen (``freeze.py``): weight-only expressions are evaluated once, and every
-weight is bound as one flat attribute. The module therefore holds the weights' values at lowering
-time, as every compiled target does.
+weight is bound as one flat attribute. With the C++ kernels, float32 linear layers run on ssmcc's
+matrix-vector kernel in decode and on oneDNN otherwise (``linear.py``: MKL's sgemm is 2x slower
+on AMD processors). The module therefore holds the
+weights' values at lowering time, as every compiled target does.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch.export import ExportedProgram
 
 from ssmcc.lowering.table import Emitter
 from ssmcc.lowering.torch.freeze import flatten_weight_attributes, fold_weight_expressions
+from ssmcc.lowering.torch.linear import route_linears
 from ssmcc.ops import SSMCC_REFERENCES, is_ssmcc_op
 
 
@@ -56,4 +59,6 @@ def lower_to_torch(program: ExportedProgram, kernels: str = "auto") -> nn.Module
             node.target = emitter.emit(node, kernels)
     fold_weight_expressions(module)
     flatten_weight_attributes(module)
+    if kernels == "auto":
+        route_linears(module)
     return module

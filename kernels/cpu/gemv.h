@@ -1,0 +1,53 @@
+// Matrix-vector products for decode: y (M x N) = x (M x K) W^T + b, W (N x K) row-major, for
+// a few rows M (one token per sequence). Every weight is read once per call, so the product runs
+// at the speed of memory: the weight rows are streamed in blocks of kGemvBlock, each block's rows
+// stay in L1 while every row of x takes its dot products with them, and kGemvBlock independent
+// accumulators keep the FMA units busy. Rows of W are split over threads by the binding
+// (gemv_rows over [n_begin, n_end)). GCC's vector extension gives AVX-512 or AVX2 code alike.
+#pragma once
+
+#include <cstdint>
+
+#include "small_gemm.h"
+
+namespace ssmcc {
+
+struct GemvArgs {
+  const float *x, *weight, *bias;  // (M, K), (N, K), (N,) or null
+  float* y;                         // (M, N)
+  int64_t rows, out_features, in_features;
+};
+
+constexpr int kGemvBlock = 4;
+
+inline float lane_sum(gemm::vfloat v) {
+  float sum = 0.f;
+  for (int i = 0; i < gemm::kLanes; ++i) sum += v[i];
+  return sum;
+}
+
+// Output columns [n_begin, n_end) of every row of x.
+inline void gemv_rows(const GemvArgs& a, int64_t n_begin, int64_t n_end) {
+  const int64_t K = a.in_features, full = K - K % gemm::kLanes;
+  for (int64_t n0 = n_begin; n0 < n_end; n0 += kGemvBlock) {
+    const int block = static_cast<int>(n_end - n0 < kGemvBlock ? n_end - n0 : kGemvBlock);
+    const float* w = a.weight + n0 * K;
+    for (int64_t m = 0; m < a.rows; ++m) {
+      const float* x = a.x + m * K;
+      gemm::vfloat acc[kGemvBlock] = {};
+      for (int64_t k = 0; k < full; k += gemm::kLanes) {
+        const gemm::vfloat xv = gemm::load(x + k);
+#pragma GCC unroll 4
+        for (int r = 0; r < kGemvBlock; ++r)
+          if (r < block) acc[r] += gemm::load(w + r * K + k) * xv;
+      }
+      for (int r = 0; r < block; ++r) {
+        float sum = lane_sum(acc[r]);
+        for (int64_t k = full; k < K; ++k) sum += w[r * K + k] * x[k];
+        a.y[m * a.out_features + n0 + r] = sum + (a.bias ? a.bias[n0 + r] : 0.f);
+      }
+    }
+  }
+}
+
+}  // namespace ssmcc

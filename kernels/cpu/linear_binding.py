@@ -1,0 +1,33 @@
+"""The decode-time matrix-vector kernel (``gemv.h``) as ``linear(x, weight, bias)``.
+
+``x`` (..., K) float32 with few rows (one token per sequence), ``weight`` (N, K) and ``bias``
+(N,) float32: returns ``x W^T + b`` (..., N). Non-contiguous operands are copied first; the
+weight of a lowered program is a contiguous attribute, so nothing is copied in decode.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ssmcc.kernels.cpu.native import as_f32, call_kernel, pointer
+
+GEMV_MAX_ROWS = 8  # up to this many rows of x, each weight row block stays in L1 for all of them
+
+
+def linear_cpu(x, weight, bias=None):
+    in_features = x.shape[-1]
+    rows = x.numel() // in_features if in_features else 0
+    x, weight, bias = as_f32(x), as_f32(weight), as_f32(bias)
+    y = torch.empty(*x.shape[:-1], weight.shape[0], dtype=torch.float32)
+    call_kernel(
+        "ssmcc_linear_f32",
+        x.data_ptr(),
+        weight.data_ptr(),
+        pointer(bias),
+        y.data_ptr(),
+        rows,
+        weight.shape[0],
+        in_features,
+        torch.get_num_threads(),
+    )
+    return y
