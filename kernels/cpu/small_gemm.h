@@ -17,6 +17,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace ssmcc::gemm {
 
 #if defined(__AVX512F__)
@@ -37,6 +41,24 @@ inline vfloat load(const float* p) {
 }
 
 inline void store(float* p, vfloat v) { std::memcpy(p, &v, sizeof v); }
+
+// A store that bypasses the caches (``p`` aligned to the vector); streaming_done() orders such
+// stores before the data is handed to another thread.
+inline void store_streaming(float* p, vfloat v) {
+#if defined(__AVX512F__) && defined(__x86_64__)
+  _mm512_stream_ps(p, reinterpret_cast<__m512>(v));
+#elif defined(__AVX__) && defined(__x86_64__)
+  _mm256_stream_ps(p, reinterpret_cast<__m256>(v));
+#else
+  store(p, v);
+#endif
+}
+
+inline void streaming_done() {
+#if defined(__SSE__) && defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
 
 struct Operands {
   const float* A;

@@ -193,8 +193,13 @@ class CompiledModel:
                 f"{tuple(ids.shape)}; use prefill for several tokens"
             )
         specs = self._executable.specs
-        logits, *new = self._executable.run("step", ids, *check_state(state, specs, ids.shape[0]))
-        return logits, State(dict(zip([s.name for s in specs], new, strict=True)))
+        return self._step_checked(ids, check_state(state, specs, ids.shape[0]))
+
+    def _step_checked(self, ids: torch.Tensor, tensors: list) -> tuple[torch.Tensor, State]:
+        """``step`` on ids and state tensors already known to fit (what generation feeds back:
+        the tokens it chose and the state the previous call returned)."""
+        logits, *new = self._executable.run("step", ids, *tensors)
+        return logits, State(dict(zip([s.name for s in self._executable.specs], new, strict=True)))
 
     def stream(
         self,
@@ -222,9 +227,14 @@ class CompiledModel:
                 ids, chunk_size=chunk_size, last_only=True, prefix_cache=prefix_cache
             )
 
+        names = [spec.name for spec in self._executable.specs]
+
+        def step(ids, state):  # the state of the previous call, the token stream just chose
+            return self._step_checked(ids, [state[name] for name in names])
+
         return stream(
             prefill,
-            self.step,
+            step,
             check_token_ids(input_ids, self.vocab_size),
             max_new_tokens,
             Sampling(**sampling),
