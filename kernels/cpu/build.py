@@ -49,6 +49,7 @@ KERNEL_HEADERS = [
     "ssd_kernels.h",
     "ssd_chunked.h",
     "ssd_mixer.h",
+    "conv_channels_last.h",
     "small_gemm.h",
     "gemv.h",
     "tuning.h",

@@ -80,16 +80,16 @@ struct SsdMixerKernel {
                              dt_offset, norm_group_size, activation != 0, softplus != 0,
                              norm_before_gate != 0, dt_min, dt_max, eps};
     if (kStep) {
-      ssmcc::mixer_conv_step_rows(a, 0, batch);
+      ssmcc::conv_channels_last_step_rows(ssmcc::mixer_conv(a), 0, batch);
       const ssmcc::SsdArgs scan = ssmcc::mixer_scan_args(a);
       parallel_rows<ssmcc::SsdArgs, ssmcc::ssd_state_update_rows>(raw, scan, batch * heads, 1);
       ssmcc::mixer_norm_rows(a, 0, batch);
       return;
     }
-    const int64_t blocks = (length + ssmcc::tuning::kMixerConvBlock - 1) /
-                           ssmcc::tuning::kMixerConvBlock;
-    parallel_rows<ssmcc::MixerArgs, ssmcc::mixer_conv_rows>(raw, a, batch * blocks, 1);
-    ssmcc::mixer_conv_state_out(a);
+    const ssmcc::ConvChannelsLast conv = ssmcc::mixer_conv(a);
+    parallel_rows<ssmcc::ConvChannelsLast, ssmcc::conv_channels_last_rows>(
+        raw, conv, batch * ssmcc::conv_blocks(length), 1);
+    ssmcc::conv_channels_last_state_out(ssmcc::mixer_conv(a));
     const ssmcc::SsdArgs scan = ssmcc::mixer_scan_args(a);
     if (ssmcc::ssd_use_chunked(scan)) {
       std::vector<float> gram(ssmcc::ssd_gram_floats(scan));

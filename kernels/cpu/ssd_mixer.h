@@ -5,13 +5,13 @@
 //   phase 1  xBC = act(bias + sum_j w[:, j] xs[t + j])   channels-last: each position's c channels
 //            are contiguous in P (at xbc_offset) and in the scratch xbc (b, l, c), so the
 //            channel loop vectorises; xs = (conv_state, P[..., xBC]); the conv state out is the
-//            last k-1 entries of xs (mixer_conv_rows over (batch, block of positions))
+//            last k-1 entries of xs (conv_channels_last.h over (batch, block of positions))
 //   phase 2  ssd_scan with x, B, C = views of xbc (token stride c) and dt a view of P (stride w),
 //            writing y (b, l, d); chunked or sequential as ssd_scan (the bindings run it)
 //   phase 3  y = rmsnorm_gated(y, z = view of P at z_offset) in place (mixer_norm_rows)
 //
-// ssd_mixer_step is the same at one position: phase 1 the conv update (mixer_conv_step_rows over
-// the batch), phase 2 ssd_state_update, phase 3 the norm. Nothing is copied out of P; the only
+// ssd_mixer_step is the same at one position: phase 1 the conv update (over the batch), phase 2
+// ssd_state_update, phase 3 the norm. Nothing is copied out of P; the only
 // scratch is xbc (b, l, c) (a step: (b, c)). Sizes satisfy check_ssd_mixer (contracts.h).
 #pragma once
 
@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "conv_channels_last.h"
 #include "ssd_kernels.h"
 #include "tuning.h"
 
@@ -41,58 +42,11 @@ struct MixerArgs {
   int64_t channels() const { return inner() + 2 * groups * dstate; }
 };
 
-// The conv weight (c, k) as (k, c) for the channels-last sequence conv; nothing for a step.
-inline void transpose_conv_weight(const float* weight, float* weight_t, int64_t channels,
-                                  int64_t kernel, bool step) {
-  if (step) return;
-  for (int64_t ch = 0; ch < channels; ++ch)
-    for (int64_t j = 0; j < kernel; ++j) weight_t[j * channels + ch] = weight[ch * kernel + j];
-}
-
-// Phase 1 over rows (batch, block of kMixerConvBlock positions).
-inline void mixer_conv_rows(const MixerArgs& a, int64_t row_begin, int64_t row_end) {
-  const int64_t c = a.channels(), k = a.kernel, history = k - 1;
-  const int64_t blocks = (a.length + tuning::kMixerConvBlock - 1) / tuning::kMixerConvBlock;
-  for (int64_t row = row_begin; row < row_end; ++row) {
-    const int64_t b = row / blocks, first = (row % blocks) * tuning::kMixerConvBlock;
-    const int64_t last = std::min(first + tuning::kMixerConvBlock, a.length);
-    for (int64_t t = first; t < last; ++t) {
-      float* out = a.xbc + (b * a.length + t) * c;
-      for (int64_t ch = 0; ch < c; ++ch) out[ch] = a.conv_bias ? a.conv_bias[ch] : 0.f;
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t tau = t + j - history;  // xs[t + j] is position tau of the input
-        const float* w = a.conv_weight_t + j * c;
-        if (tau >= 0) {
-          const float* x = a.proj + (b * a.length + tau) * a.width + a.xbc_offset;
-#pragma omp simd
-          for (int64_t ch = 0; ch < c; ++ch) out[ch] += w[ch] * x[ch];
-        } else if (a.conv_state) {
-          const float* s = a.conv_state + b * c * history + history + tau;  // [ch, history + tau]
-          for (int64_t ch = 0; ch < c; ++ch) out[ch] += w[ch] * s[ch * history];
-        }
-      }
-      if (a.silu) {
-#pragma omp simd
-        for (int64_t ch = 0; ch < c; ++ch) out[ch] = out[ch] / (1.f + std::exp(-out[ch]));
-      }
-    }
-  }
-}
-
-// The conv state after the last position: the last k-1 entries of xs, per (batch, channel).
-inline void mixer_conv_state_out(const MixerArgs& a) {
-  const int64_t c = a.channels(), history = a.kernel - 1;
-  for (int64_t b = 0; b < a.batch; ++b)
-    for (int64_t ch = 0; ch < c; ++ch)
-      for (int64_t j = 0; j < history; ++j) {
-        const int64_t tau = a.length + j - history;  // xs[length + j]
-        float v = 0.f;
-        if (tau >= 0)
-          v = a.proj[(b * a.length + tau) * a.width + a.xbc_offset + ch];
-        else if (a.conv_state)
-          v = a.conv_state[(b * c + ch) * history + history + tau];
-        a.conv_state_out[(b * c + ch) * history + j] = v;
-      }
+// The conv of phase 1 (conv_channels_last.h): xBC's channels of P into xbc.
+inline ConvChannelsLast mixer_conv(const MixerArgs& a) {
+  return {a.proj,      a.width,          a.xbc_offset, a.conv_weight, a.conv_weight_t,
+          a.conv_bias, a.conv_state,     a.xbc,        a.conv_state_out, a.batch,
+          a.length,    a.channels(),     a.kernel,     a.silu};
 }
 
 // Phase 2's arguments: the scan (or, for a step, the state update: ``length`` 1, tokens = rows).
@@ -113,32 +67,6 @@ inline void mixer_norm_rows(const MixerArgs& a, int64_t row_begin, int64_t row_e
              a.norm_weight, a.y, a.batch * a.length, a.inner(), a.norm_group_size, a.eps,
              a.norm_before_gate, a.width};
   rmsnorm_gated_rows(n, row_begin, row_end);
-}
-
-// Step phase 1 over rows (batch): the conv update of every channel, into xbc (b, c). Reads the
-// weight as (c, k): k multiply-adds a channel do not need a transposed copy.
-inline void mixer_conv_step_rows(const MixerArgs& a, int64_t row_begin, int64_t row_end) {
-  const int64_t c = a.channels(), k = a.kernel, history = k - 1;
-  for (int64_t b = row_begin; b < row_end; ++b) {
-    const float* x = a.proj + b * a.width + a.xbc_offset;
-    const float* state = a.conv_state + b * c * history;
-    float* next = a.conv_state_out + b * c * history;
-    float* out = a.xbc + b * c;
-    for (int64_t ch = 0; ch < c; ++ch) {
-      const float* s = state + ch * history;
-      const float* w = a.conv_weight + ch * k;
-      float acc = (a.conv_bias ? a.conv_bias[ch] : 0.f) + w[history] * x[ch];
-      for (int64_t j = 0; j < history; ++j) acc += w[j] * s[j];
-      out[ch] = acc;
-      float* n = next + ch * history;
-      for (int64_t j = 0; j + 1 < history; ++j) n[j] = s[j + 1];
-      if (history > 0) n[history - 1] = x[ch];
-    }
-    if (a.silu) {
-#pragma omp simd
-      for (int64_t ch = 0; ch < c; ++ch) out[ch] = out[ch] / (1.f + std::exp(-out[ch]));
-    }
-  }
 }
 
 }  // namespace ssmcc

@@ -196,18 +196,18 @@ int ssd_mixer_entry(bool step, const float* proj, const float* conv_weight,
                              softplus != 0, norm_before_gate != 0, dt_min, dt_max, eps};
     const int64_t inner = heads * head_dim;
     if (step) {
-      ssmcc::mixer_conv_step_rows(a, 0, batch);
+      ssmcc::conv_channels_last_step_rows(ssmcc::mixer_conv(a), 0, batch);
       const ssmcc::SsdArgs scan = ssmcc::mixer_scan_args(a);
       // the state update streams the whole state (p n floats a head) through memory: two
       // threads pull more bandwidth than one even at batch 1, so no work threshold here
       parallel_rows(batch * heads, ssmcc::tuning::kParallelWork, threads,
                     [&](int64_t b, int64_t e) { ssmcc::ssd_state_update_rows(scan, b, e); });
     } else {
-      const int64_t blocks = (length + ssmcc::tuning::kMixerConvBlock - 1) /
-                             ssmcc::tuning::kMixerConvBlock;
-      parallel_rows(batch * blocks, ssmcc::tuning::kMixerConvBlock * channels * kernel, threads,
-                    [&](int64_t b, int64_t e) { ssmcc::mixer_conv_rows(a, b, e); });
-      ssmcc::mixer_conv_state_out(a);
+      const ssmcc::ConvChannelsLast conv = ssmcc::mixer_conv(a);
+      parallel_rows(batch * ssmcc::conv_blocks(length),
+                    ssmcc::tuning::kMixerConvBlock * channels * kernel, threads,
+                    [&](int64_t b, int64_t e) { ssmcc::conv_channels_last_rows(conv, b, e); });
+      ssmcc::conv_channels_last_state_out(ssmcc::mixer_conv(a));
       run_ssd_scan(ssmcc::mixer_scan_args(a), threads);
     }
     parallel_rows(batch * length, inner, threads,
