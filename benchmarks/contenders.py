@@ -209,14 +209,23 @@ def prepare_ssmcc_onnx_portable(model: nn.Module, ctx: dict) -> Runner:
 
 def prepare_matmuls_only(model: nn.Module, ctx: dict) -> Runner:
     """Only the model's own matmuls (every nn.Linear, LM head included) at the prefill shapes:
-    the floor a prefill implementation is compared with."""
+    the floor a prefill implementation is compared with. They run on oneDNN where torch has it
+    (as the torch target's do: MKL's sgemm is 2x slower on AMD processors, which would make the
+    floor too easy), else on ``torch.matmul``."""
+    from ssmcc.lowering.torch.linear import onednn_available
+
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, nn.Linear)]
+    onednn = onednn_available()
 
     @torch.inference_mode()
     def prefill(ids):
         rows = ids.numel()
         for weight in weights:
-            torch.matmul(torch.ones(rows, weight.shape[1]), weight.t())
+            x = torch.ones(rows, weight.shape[1])
+            if onednn:
+                torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+            else:
+                torch.matmul(x, weight.t())
 
     return Runner(
         prefill, None, {"prepare_s": 0.0, "prepare_what": "none", "runs_other_length": True}

@@ -37,13 +37,29 @@ class NodeRule:
     rewrite: Rewrite
 
 
-def apply_rules(graph: Graph, rules: Iterable[NodeRule]) -> tuple[Counter, dict[str, list[str]]]:
-    """Apply ``rules`` once over ``graph``. Returns (hits by rule name, rejections by rule name)."""
+def live_nodes(graph: Graph) -> set[Node]:
+    """The nodes the graph's outputs depend on (what a rewrite left unused is not among them)."""
+    live: set[Node] = set()
+    stack = [n for n in graph.nodes if n.op == "output"]
+    while stack:
+        node = stack.pop()
+        if node not in live:
+            live.add(node)
+            stack.extend(node.all_input_nodes)
+    return live
+
+
+def apply_rules(
+    graph: Graph, rules: Iterable[NodeRule], live_only: bool = False
+) -> tuple[Counter, dict[str, list[str]]]:
+    """Apply ``rules`` once over ``graph``. Returns (hits by rule name, rejections by rule name).
+    ``live_only``: look only at nodes an output still depends on."""
     rules = list(rules)
     hits: Counter = Counter()
     rejections: dict[str, list[str]] = {}
+    live = live_nodes(graph) if live_only else None
     for node in list(graph.nodes):
-        if node.op != "call_function":
+        if node.op != "call_function" or (live is not None and node not in live):
             continue
         for rule in rules:
             if node.target not in rule.targets:

@@ -142,6 +142,8 @@ def draw(op: str, seed: int) -> Case:
         args = _norm_args(t)
     elif op in ("ssd_mixer", "ssd_mixer_step"):
         args = _mixer_args(t, op, batch, length)
+    elif op in ("mamba_mixer", "mamba_mixer_step"):
+        args = _mamba_mixer_args(t, op, batch, dim, length)
     else:
         width = rng.choice((1, 2, 3, 4, 4, 5))
         activation = rng.choice((None, "silu", "swish"))
@@ -251,6 +253,39 @@ def _mixer_args(t: _Tensors, op: str, batch: int, length: int) -> dict:
         dt_max=clamp[1],
         conv_state=t.maybe(states, lambda: t.randn(batch, channels, width - 1)),
         ssm_state=t.maybe(states, lambda: t.randn(batch, heads, head_dim, n)),
+    )
+
+
+def _mamba_mixer_args(t: _Tensors, op: str, batch: int, dim: int, length: int) -> dict:
+    """The fused Mamba-1 mixer: x and (mostly) z in the projection output in a random order with
+    random gaps; dt rank 1-8, a conv of width 1-5, FalconMamba's norms now and then. Without
+    softplus dt is kept >= 0 (dt_proj small, dt_bias in [0.5, 1])."""
+    rng = t.rng
+    n, rank, width = rng.choice(STATES), rng.choice((1, 2, 3, 5, 8)), rng.choice((1, 2, 3, 4, 5))
+    pieces = ["x", "z"] if rng.random() < 0.8 else ["x"]
+    offsets, at = {}, 0
+    for name in rng.sample(pieces, len(pieces)):
+        at += rng.choice((0, 0, 1, 3))
+        offsets[name], at = at, at + dim
+    softplus = rng.random() < 0.8
+    time = (length,) if op == "mamba_mixer" else ()
+    states = 0.5 if op == "mamba_mixer" else 1.0
+    return dict(
+        zx=t.randn(batch, *time, at + rng.choice((0, 2))),
+        conv_weight=t.randn(dim, width, scale=0.5),
+        conv_bias=t.maybe(0.5, lambda: t.randn(dim)),
+        x_proj_weight=t.randn(rank + 2 * n, dim, scale=0.3),
+        dt_proj_weight=t.randn(dim, rank, scale=0.3 if softplus else 0.01),
+        A=-torch.exp(t.randn(dim, n, scale=0.7).double()).to(t.dtype),
+        D=t.maybe(0.5, lambda: t.randn(dim)),
+        dt_bias=_dt_bias(t, dim, softplus) if softplus else t.uniform(dim, low=0.5, high=1.0),
+        x_offset=offsets["x"],
+        z_offset=offsets.get("z", -1),
+        activation=rng.choice((None, "silu")),
+        delta_softplus=softplus,
+        bcdt_rms_eps=rng.choice((None, None, 1e-6, 1e-5)),
+        conv_state=t.maybe(states, lambda: t.randn(batch, dim, width - 1)),
+        ssm_state=t.maybe(states, lambda: t.randn(batch, dim, n)),
     )
 
 

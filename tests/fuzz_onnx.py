@@ -22,6 +22,18 @@ _MIXER_INPUTS = (
     "conv_state",
     "ssm_state",
 )
+_MAMBA_MIXER_INPUTS = (
+    "zx",
+    "conv_weight",
+    "conv_bias",
+    "x_proj_weight",
+    "dt_proj_weight",
+    "A",
+    "D",
+    "dt_bias",
+    "conv_state",
+    "ssm_state",
+)
 _NODES = {  # op -> (ONNX op type, node inputs, number of outputs)
     "selective_scan": (
         "SelectiveScan",
@@ -48,6 +60,8 @@ _NODES = {  # op -> (ONNX op type, node inputs, number of outputs)
     "rmsnorm_gated": ("RmsNormGated", ("x", "z", "weight"), 1),
     "ssd_mixer": ("SsdMixer", _MIXER_INPUTS, 3),
     "ssd_mixer_step": ("SsdMixerStep", _MIXER_INPUTS, 3),
+    "mamba_mixer": ("MambaMixer", _MAMBA_MIXER_INPUTS, 3),
+    "mamba_mixer_step": ("MambaMixerStep", _MAMBA_MIXER_INPUTS, 3),
 }
 
 
@@ -124,6 +138,26 @@ def _mixer_form(op: str, a: dict) -> dict:
     }
 
 
+def _mamba_mixer_form(a: dict) -> dict:
+    channels, width = a["conv_weight"].shape
+    batch, state = a["zx"].shape[0], a["A"].shape[1]
+    for name in ("conv_bias", "D", "dt_bias"):
+        a[name] = torch.zeros(channels) if a[name] is None else a[name]
+    if a["conv_state"] is None:
+        a["conv_state"] = torch.zeros(batch, channels, width - 1)
+    if a["ssm_state"] is None:
+        a["ssm_state"] = torch.zeros(batch, channels, state)
+    return {
+        "x_offset": int(a["x_offset"]),
+        "z_offset": max(int(a["z_offset"]), 0),
+        "has_z": int(a["z_offset"] >= 0),
+        "activation": int(a["activation"] is not None),
+        "delta_softplus": int(a["delta_softplus"]),
+        "has_rms": int(a["bcdt_rms_eps"] is not None),
+        "rms_eps": float(a["bcdt_rms_eps"] or 0.0),
+    }
+
+
 def node_form(case: Case) -> tuple[dict, dict]:
     """(inputs as float32 arrays, attributes) of the op's ONNX node."""
     a = {k: v.float() if isinstance(v, torch.Tensor) else v for k, v in case.args.items()}
@@ -133,6 +167,8 @@ def node_form(case: Case) -> tuple[dict, dict]:
         attrs = _ssd_form(case.op, a)
     elif case.op in ("ssd_mixer", "ssd_mixer_step"):
         attrs = _mixer_form(case.op, a)
+    elif case.op in ("mamba_mixer", "mamba_mixer_step"):
+        attrs = _mamba_mixer_form(a)
     elif case.op == "rmsnorm_gated":
         attrs = {
             "group_size": int(a["group_size"]),
@@ -178,6 +214,16 @@ def _functions(op: str, width: int | None) -> list:
             functions.causal_conv1d_update_function(OPSET),
             functions_ssd.ssd_state_update_function(OPSET),
             functions_ssd.rmsnorm_gated_function(OPSET),
+        ],
+        "mamba_mixer": lambda: [
+            functions_mixer.mamba_mixer_function(OPSET),
+            functions.causal_conv1d_function(OPSET, width),
+            functions.selective_scan_function(OPSET),
+        ],
+        "mamba_mixer_step": lambda: [
+            functions_mixer.mamba_mixer_step_function(OPSET),
+            functions.causal_conv1d_update_function(OPSET),
+            functions.selective_state_update_function(OPSET),
         ],
     }
     return bodies[op]()
@@ -225,6 +271,8 @@ def output_ranks(op: str, feed: dict) -> dict:
     """Ranks of the node's outputs: ``out`` like its main input, the state like the state in."""
     if op in ("ssd_mixer", "ssd_mixer_step"):
         return {"out": feed["zxbcdt"].ndim, "state_out": 3, "state2_out": 4}
+    if op in ("mamba_mixer", "mamba_mixer_step"):
+        return {"out": feed["zx"].ndim, "state_out": 3, "state2_out": 3}
     main = {"selective_scan": "u", "ssd_scan": "x"}.get(op, "x")
     state = {
         "selective_scan": "initial_state",
@@ -245,7 +293,7 @@ def session_for(op: str, feed: dict, attrs: dict, library: bool):
     width = None
     if op in ("causal_conv1d", "causal_conv1d_update"):
         width = feed["weight"].shape[1]
-    elif op == "ssd_mixer":
+    elif op in ("ssd_mixer", "mamba_mixer"):
         width = feed["conv_weight"].shape[1]
     ranks = {name: array.ndim for name, array in feed.items()} | output_ranks(op, feed)
     return session(op, attrs, ranks, library, width)

@@ -68,40 +68,98 @@ def _norm(a: dict):
     return (out * gate if gate is not None and a["norm_before_gate"] else out,)
 
 
+def _selective_scan(a: dict):
+    batch, dim, length = a["u"].shape
+    dt = _dt(a["delta"], a["delta_bias"], a["delta_softplus"])
+    B, C = (_per_channel(a[k], dim, 4) for k in "BC")
+    h = a["initial_state"]
+    h = torch.zeros(batch, dim, a["A"].shape[1], dtype=torch.float64) if h is None else h
+    ys = []
+    for step in range(length):
+        h = (
+            torch.exp(dt[..., step, None] * a["A"]) * h
+            + (dt[..., step] * a["u"][..., step])[..., None] * B[..., step]
+        )
+        ys.append((h * C[..., step]).sum(-1))
+    y = torch.stack(ys, -1) if ys else a["u"].new_zeros(batch, dim, 0)
+    y = y if a["D"] is None else y + a["D"][:, None] * a["u"]
+    return _gate(y, a["z"]), h
+
+
+def _selective_state_update(a: dict):
+    dim = a["state"].shape[1]
+    dt = _dt(a["dt"], a["dt_bias"], a["dt_softplus"])
+    B, C = (_per_channel(a[k], dim, 3) for k in "BC")
+    new = torch.exp(dt[..., None] * a["A"]) * a["state"] + (dt * a["x"])[..., None] * B
+    y = (new * C).sum(-1)
+    y = y if a["D"] is None else y + a["D"] * a["x"]
+    return _gate(y, a["z"]), new
+
+
 def oracle(case: Case) -> tuple[torch.Tensor, ...]:
     """The op's outputs in float64."""
     a = {k: _f64(v) if isinstance(v, torch.Tensor) else v for k, v in case.args.items()}
     if case.op in ("ssd_scan", "ssd_state_update"):
         return _ssd(case.op, a)
-    if case.op == "rmsnorm_gated":
-        return _norm(a)
-    if case.op == "selective_scan":
-        batch, dim, length = a["u"].shape
-        dt = _dt(a["delta"], a["delta_bias"], a["delta_softplus"])
-        B, C = (_per_channel(a[k], dim, 4) for k in "BC")
-        h = a["initial_state"]
-        h = torch.zeros(batch, dim, a["A"].shape[1], dtype=torch.float64) if h is None else h
-        ys = []
-        for step in range(length):
-            h = (
-                torch.exp(dt[..., step, None] * a["A"]) * h
-                + (dt[..., step] * a["u"][..., step])[..., None] * B[..., step]
-            )
-            ys.append((h * C[..., step]).sum(-1))
-        y = torch.stack(ys, -1) if ys else a["u"].new_zeros(batch, dim, 0)
-        y = y if a["D"] is None else y + a["D"][:, None] * a["u"]
-        return _gate(y, a["z"]), h
-    if case.op == "selective_state_update":
-        dim = a["state"].shape[1]
-        dt = _dt(a["dt"], a["dt_bias"], a["dt_softplus"])
-        B, C = (_per_channel(a[k], dim, 3) for k in "BC")
-        new = torch.exp(dt[..., None] * a["A"]) * a["state"] + (dt * a["x"])[..., None] * B
-        y = (new * C).sum(-1)
-        y = y if a["D"] is None else y + a["D"] * a["x"]
-        return _gate(y, a["z"]), new
     if case.op in ("ssd_mixer", "ssd_mixer_step"):
         return _mixer(case.op, a)
-    return _conv(case.op, a)
+    if case.op in ("mamba_mixer", "mamba_mixer_step"):
+        return _mamba_mixer(case.op, a)
+    single = {
+        "rmsnorm_gated": _norm,
+        "selective_scan": _selective_scan,
+        "selective_state_update": _selective_state_update,
+    }
+    return single[case.op](a) if case.op in single else _conv(case.op, a)
+
+
+def _rms(v, eps):
+    return v / torch.sqrt((v * v).mean(-1, keepdim=True) + eps)
+
+
+def _mamba_mixer(op: str, a: dict):
+    """Conv on the x slice, x_proj, [R, n, n] split (normed when asked), dt_proj, the scan gated
+    by the z slice; y token-major."""
+    step = op == "mamba_mixer_step"
+    proj = a["zx"] if not step else a["zx"][:, None]  # (b, l, w)
+    batch = proj.shape[0]
+    channels, width = a["conv_weight"].shape
+    rank, state = a["dt_proj_weight"].shape[1], a["A"].shape[1]
+    take = lambda at: proj[..., at : at + channels].transpose(1, 2)  # noqa: E731
+    conv_state = a["conv_state"]
+    if conv_state is None:
+        conv_state = torch.zeros(batch, channels, width - 1, dtype=torch.float64)
+    xc, conv_last = _conv(
+        "causal_conv1d",
+        dict(
+            x=take(a["x_offset"]),
+            weight=a["conv_weight"],
+            bias=a["conv_bias"],
+            initial_state=conv_state,
+            activation=a["activation"],
+        ),
+    )
+    dt_r, B, C = (xc.transpose(1, 2) @ a["x_proj_weight"].T).split([rank, state, state], -1)
+    if a["bcdt_rms_eps"] is not None:
+        dt_r, B, C = (_rms(v, a["bcdt_rms_eps"]) for v in (dt_r, B, C))
+    dt = (dt_r @ a["dt_proj_weight"].T).transpose(1, 2)
+    z = None if a["z_offset"] < 0 else take(a["z_offset"])
+    y, h = _selective_scan(
+        dict(
+            u=xc,
+            delta=dt,
+            A=a["A"],
+            B=B.transpose(1, 2)[:, None],
+            C=C.transpose(1, 2)[:, None],
+            D=a["D"],
+            z=z,
+            delta_bias=a["dt_bias"],
+            delta_softplus=a["delta_softplus"],
+            initial_state=a["ssm_state"],
+        )
+    )
+    y = y.transpose(1, 2)
+    return (y[:, 0] if step else y), conv_last, h
 
 
 def _conv(op: str, a: dict):

@@ -45,6 +45,8 @@ OPS = (
     "rmsnorm_gated",
     "ssd_mixer",
     "ssd_mixer_step",
+    "mamba_mixer",
+    "mamba_mixer_step",
 )
 FAMILY = {"selective_state_update": "step", "ssd_state_update": "step", "rmsnorm_gated": "norm"}
 PATHS = ("reference", "cpp", "ort-lib", "portable")
@@ -88,6 +90,7 @@ def applies(case: Case, path: str) -> bool:
         "causal_conv1d": ("x", -1),
         "ssd_scan": ("x", 1),
         "ssd_mixer": ("zxbcdt", 1),
+        "mamba_mixer": ("zx", 1),
     }
     name, axis = sequence.get(case.op, (None, None))
     empty = name is not None and case.args[name].shape[axis] == 0

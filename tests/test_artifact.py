@@ -148,7 +148,7 @@ def test_cli_compile_writes_and_refuses_to_overwrite(tmp_path, capsys):
     out = str(tmp_path / "cli")
     assert main(["compile", "mamba-tiny", "--target", "onnx", "--out", out]) == 0
     assert (
-        "ssmcc nodes ['CausalConv1d', 'RmsNormGated', 'SelectiveScan'], "
+        "ssmcc nodes ['MambaMixer', 'RmsNormGated'], "
         "inputs input_ids['batch', 'seq']" in capsys.readouterr().out
     )
     assert main(["compile", "mamba-tiny", "--out", out]) == 1

@@ -22,7 +22,7 @@ def test_console_script_inspects_the_default_preset():
     )
     assert done.returncode == 0, done.stderr
     assert "SSM layers:     2" in done.stdout
-    assert "ssmcc ops:      causal_conv1d x2, rmsnorm_gated x3, selective_scan x2" in done.stdout
+    assert "ssmcc ops:      mamba_mixer x2, rmsnorm_gated x3" in done.stdout
     assert "[ssmcc] capturing MambaForCausalLM" in done.stderr  # progress goes to stderr
 
 
@@ -30,10 +30,12 @@ def test_inspect_json_and_graph(capsys):
     assert main(["inspect", "falcon-mamba-tiny", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["capture"]["routes"] == ["hf-falcon-mamba"]
-    assert report["op_counts"] == {"causal_conv1d": 2, "rmsnorm_gated": 3, "selective_scan": 2}
+    assert report["op_counts"] == {"mamba_mixer": 2, "rmsnorm_gated": 3}
     assert main(["inspect", "mamba-tiny", "--graph", "--pipeline", "none"]) == 0
     out = capsys.readouterr().out
     assert "## nodes" in out and "ssmcc.selective_scan(" in out
+    assert main(["inspect", "mamba-tiny", "--graph"]) == 0
+    assert "ssmcc.mamba_mixer(" in capsys.readouterr().out
 
 
 def test_inspect_a_saved_model_directory(tmp_path, capsys):
@@ -162,7 +164,7 @@ def test_inspect_without_routing_rerolls_the_hugging_face_loop(capsys):
     assert main(["inspect", "mamba-tiny", "--no-route", "--seq-len", "8", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["capture"]["routes"] == []
-    assert report["op_counts"] == {"causal_conv1d": 2, "rmsnorm_gated": 3, "selective_scan": 2}
+    assert report["op_counts"] == {"mamba_mixer": 2, "rmsnorm_gated": 3}  # re-rolled, then fused
     assert report["rule_hits"]["detect_selective_scan.unrolled_loop"] == 2
     assert report["rule_hits"]["detect_causal_conv1d.padded_conv_slice"] == 2
 

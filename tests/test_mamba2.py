@@ -185,10 +185,15 @@ def test_low_precision_models_match_hf_in_that_dtype(dtype):
     compiled = ssmcc.compile(model, target="torch", dtype=dtype)
     assert next(model.parameters()).dtype == torch.float32  # the caller's model is unchanged
     low = mamba2().to(dtype)
-    ids = torch.randint(0, model.config.vocab_size, (2, 37))
-    torch.testing.assert_close(
-        compiled(ids).float(), _logits(low, ids).float(), **LOW_PRECISION_TOLERANCE[dtype]
+    # seeded: an end-to-end comparison of two low-precision runs sits near the per-op tolerance
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 37), generator=torch.Generator().manual_seed(0)
     )
+    got, hf = compiled(ids).float(), _logits(low, ids).float()
+    torch.testing.assert_close(got, hf, **LOW_PRECISION_TOLERANCE[dtype])
+    # and at least about as close to the float32 model as Hugging Face's own run in that dtype
+    exact = _logits(model, ids).float()
+    assert (got - exact).abs().max() <= 1.25 * (hf - exact).abs().max()
     assert {s.dtype for s in compiled.state_specs} == {"float32"}
     tokens = compiled.generate(ids, 8)
     assert tokens.shape == (2, 45)

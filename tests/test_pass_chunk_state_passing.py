@@ -12,11 +12,14 @@ from ssmcc.passes import PassContext, format_program, pipeline, run_passes
 from ssmcc.passes.chunk_state_passing import chunk_state_passing
 from ssmcc.passes.scan_to_recurrent_step import expose_recurrent_state, state_specs
 
+from .conftest import KEEP_MIXERS
 from .test_pass_canonicalize import tiny_mamba_program
 
 
 def _clean(program):
-    return run_passes(program, pipeline("default"))[0]
+    """Mixers kept apart (the golden shows the conv and scan ops; the fused mixers chunk alike:
+    their contracts say the same, and test_ssd_mixer / test_mamba_mixer run chunked prefill)."""
+    return run_passes(program, pipeline("default"), PassContext(options=KEEP_MIXERS))[0]
 
 
 def _stateful_prefill():

@@ -14,7 +14,7 @@ from ssmcc.frontend.report import ssmcc_op_counts
 from ssmcc.passes import PassContext, format_program, pipeline, run_passes
 from ssmcc.passes.detect_selective_scan import detect_selective_scan
 
-from .conftest import FAMILIES, make_hf_model
+from .conftest import FAMILIES, KEEP_MIXERS, make_hf_model
 
 PASS = "detect_selective_scan"
 RULE_OF_FORM = {
@@ -27,8 +27,10 @@ FOLDS = ("fold_gate", "fold_skip", "fold_softplus")
 TOLERANCE = 1e-4
 
 
-def _run(program):
-    ctx = PassContext(verify=True)
+def _run(program, fuse_mixers: bool = False):
+    """These tests look at what detection leaves: each layer's conv and scan stay apart unless
+    ``fuse_mixers`` (the fusion pass would make one mixer op of them)."""
+    ctx = PassContext(verify=True, options={} if fuse_mixers else KEEP_MIXERS)
     out, report = run_passes(program, pipeline("default"), ctx)
     hits = {
         rule.split(".", 1)[1]: n for rule, n in report.rule_hits.items() if rule.startswith(PASS)
@@ -87,6 +89,8 @@ def test_hugging_face_static_export_without_routing(family, use_mambapy):
     # with the cut padded conv1d found too, the same ops as a routed capture
     ops = {"causal_conv1d": layers, "rmsnorm_gated": layers + 1, "selective_scan": layers}
     assert ssmcc_op_counts(out) == ops
+    fused, _, _ = _run(program, fuse_mixers=True)  # and they fuse as a routed capture's do
+    assert ssmcc_op_counts(fused) == {"mamba_mixer": layers, "rmsnorm_gated": layers + 1}
     with torch.no_grad():
         expected = model(ids).logits
     assert (out.module()(ids) - expected).abs().max() <= TOLERANCE

@@ -11,11 +11,15 @@ from ssmcc.passes.scan_to_recurrent_step import (
     state_specs,
 )
 
+from .conftest import KEEP_MIXERS
 from .test_pass_canonicalize import tiny_mamba_program
 
 
-def _clean(program):
-    return run_passes(program, pipeline("default"))[0]
+def _clean(program, fuse_mixers: bool = False):
+    """The goldens show the single-state ops (the conv, the scan); the fused mixer, whose one op
+    carries both states, has its own test below."""
+    ctx = PassContext(options={} if fuse_mixers else KEEP_MIXERS)
+    return run_passes(program, pipeline("default"), ctx)[0]
 
 
 def test_step_program_golden(golden):
@@ -57,6 +61,25 @@ def test_exposed_state_golden_and_numerics(golden):
         last, *step_states = step.module()(ids[:, 10:], *head_states)
     assert (last - logits[:, -1]).abs().max() <= 1e-5
     for a, b in zip(step_states, states, strict=True):
+        assert (a - b).abs().max() <= 1e-5
+
+
+def test_fused_mixer_carries_both_states_through_one_step_op():
+    """The default pipeline's mixer op has two state slots: the same state names and shapes as
+    the unfused program, one step op per layer, and the same numbers."""
+    model, captured = tiny_mamba_program()
+    fused, unfused = _clean(captured, fuse_mixers=True), _clean(captured)
+    assert state_specs(fused) == state_specs(unfused)
+    step, report = run_passes(fused, [scan_to_recurrent_step], PassContext(verify=True))
+    assert report.rule_hits == {"scan_to_recurrent_step.mamba_mixer->mamba_mixer_step": 1}
+    targets = [n.target for n in _clean(step, True).graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.ssmcc.mamba_mixer_step.default) == 1
+    unfused_step = _clean(run_passes(unfused, [scan_to_recurrent_step])[0])
+    ids = torch.randint(0, 16, (3, 1))
+    states = [torch.randn(3, *s.shape) for s in state_specs(fused)]
+    with torch.no_grad():
+        got, want = step.module()(ids, *states), unfused_step.module()(ids, *states)
+    for a, b in zip(got, want, strict=True):
         assert (a - b).abs().max() <= 1e-5
 
 

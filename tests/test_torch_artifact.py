@@ -40,11 +40,7 @@ def test_artifact_holds_programs_and_one_weights_file(saved):
         "layers.0.ssm_state",
     ]
     step = manifest["graphs"]["step"]
-    assert step["ssmcc_nodes"] == [
-        "causal_conv1d_update",
-        "rmsnorm_gated",
-        "selective_state_update",
-    ]
+    assert step["ssmcc_nodes"] == ["mamba_mixer_step", "rmsnorm_gated"]
     assert step["inputs"][0] == {"name": "input_ids", "dtype": "int64", "dims": ["batch", 1]}
 
 

@@ -3,9 +3,9 @@
 Two shared libraries from one set of kernel headers (``ssm_kernels.h``, ``ssd_kernels.h``):
 
 - ``libssmcc_kernels.so`` (``torch_entry.cpp``): C entry points the torch target calls via ctypes;
-- ``libssmcc_ort.so`` (``ort_ops.cpp``, ``ort_ssd_ops.cpp``, ``ort_mixer_ops.cpp``): the ONNX
-  Runtime custom-op library of the ``ssmcc`` domain; needs ONNX Runtime's C++ headers
-  (``fetch_ort_headers.sh``, or ``SSMCC_ORT_INCLUDE``).
+- ``libssmcc_ort.so`` (``ort_ops.cpp``, ``ort_ssd_ops.cpp``, ``ort_mixer_ops.cpp``,
+  ``ort_mamba_mixer_ops.cpp``): the ONNX Runtime custom-op library of the ``ssmcc`` domain;
+  needs ONNX Runtime's C++ headers (``fetch_ort_headers.sh``, or ``SSMCC_ORT_INCLUDE``).
 
 The cache key hashes the sources, flags, compiler version and CPU flags (the build uses
 ``-march=native``); the cache lives in ``$SSMCC_CACHE_DIR`` or ``~/.cache/ssmcc/kernels``. A library
@@ -50,6 +50,7 @@ KERNEL_HEADERS = [
     "ssd_chunked.h",
     "ssd_mixer.h",
     "conv_channels_last.h",
+    "mamba_mixer.h",
     "small_gemm.h",
     "gemv.h",
     "tuning.h",
@@ -178,7 +179,7 @@ def build_ort_library() -> str | None:
         header_key = hashlib.sha256(f.read()).hexdigest()
     return _build(
         "ssmcc_ort",
-        ["ort_ops.cpp", "ort_ssd_ops.cpp", "ort_mixer_ops.cpp"],
+        ["ort_ops.cpp", "ort_ssd_ops.cpp", "ort_mixer_ops.cpp", "ort_mamba_mixer_ops.cpp"],
         ["-DORT_API_MANUAL_INIT", f"-I{headers}"],
         header_key,
     )

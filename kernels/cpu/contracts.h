@@ -20,6 +20,9 @@
 //                           D (h, p); norm weight (h p); conv state (b, c, k-1); ssm state
 //                           (b, h, p, n); z/xBC/dt spans within w; g divides h; the norm's
 //                           group size divides h p (a step: proj (b, w), length 1)
+//   mamba_mixer             proj (b, l, w); conv weight (d, k); x_proj (R + 2n, d); dt_proj (d, R);
+//                           A (d, n); D, dt_bias, conv bias (d); conv state (b, d, k-1); ssm
+//                           state (b, d, n); x and z spans within w (a step: proj (b, w))
 // The ssd ops may read x, dt, B, C, z with a token stride (elements from one position to the
 // next, inner dims packed): 0 (packed) or at least the packed width (check_ssd_strides).
 #pragma once
@@ -116,6 +119,19 @@ inline std::string check_ssd_mixer(const char* op, int64_t batch, int64_t length
   return first_error({error, check_span(op, "xBC", xbc_offset, channels, width),
                       check_span(op, "dt", dt_offset, heads, width),
                       z_offset < 0 ? "" : check_span(op, "z", z_offset, inner, width)});
+}
+
+inline std::string check_mamba_mixer(const char* op, int64_t batch, int64_t length, int64_t width,
+                                     int64_t x_offset, int64_t z_offset, int64_t channels,
+                                     int64_t kernel, int64_t rank, int64_t dstate) {
+  std::string error = first_error(
+      {check_nonnegative(op, "batch", batch), check_nonnegative(op, "length", length),
+       check_nonnegative(op, "channels", channels), check_nonnegative(op, "dt rank", rank),
+       check_nonnegative(op, "state size", dstate)});
+  if (error.empty() && kernel < 1)
+    error = std::string(op) + ": kernel width is " + std::to_string(kernel) + ", expected >= 1";
+  return first_error({error, check_span(op, "x", x_offset, channels, width),
+                      z_offset < 0 ? "" : check_span(op, "z", z_offset, channels, width)});
 }
 
 inline std::string check_norm(const char* op, int64_t rows, int64_t dim, int64_t group_size) {

@@ -1,5 +1,6 @@
-"""The fused Mamba-2 mixer kernels (``ssd_mixer.h``) as Python callables with the signatures of
-``ssmcc.ops.ssd_mixer`` / ``ssd_mixer_step``.
+"""The fused mixer kernels (``ssd_mixer.h``, ``mamba_mixer.h``) as Python callables with the
+signatures of ``ssmcc.ops.ssd_mixer`` / ``ssd_mixer_step`` and ``ssmcc.ops.mamba_mixer`` /
+``mamba_mixer_step``.
 
 As in ``ssd_binding``: the checked entry points apply the op's shape rules first, the
 ``_verified`` forms (the torch lowering's) skip them; the C++ contract check runs either way. The
@@ -17,6 +18,7 @@ import torch
 from ssmcc.kernels.cpu.native import as_f32, call_kernel, pointer
 from ssmcc.kernels.cpu.ssd_binding import _per_channel_D
 from ssmcc.ops._shapes import uses_silu
+from ssmcc.ops.mamba_mixer import check_mamba_mixer_args, mamba_mixer_sizes
 from ssmcc.ops.ssd_mixer import check_ssd_mixer_args, mixer_sizes
 
 
@@ -302,3 +304,247 @@ def ssd_mixer_step_cpu(
 
 MIXER_KERNELS = {"ssd_mixer": ssd_mixer_cpu, "ssd_mixer_step": ssd_mixer_step_cpu}
 MIXER_VERIFIED_KERNELS = {"ssd_mixer": _ssd_mixer, "ssd_mixer_step": _ssd_mixer_step}
+
+
+def _run_mamba(
+    step,
+    zx,
+    conv_weight,
+    conv_bias,
+    x_proj_weight,
+    dt_proj_weight,
+    A,
+    D,
+    dt_bias,
+    x_offset,
+    z_offset,
+    activation,
+    delta_softplus,
+    bcdt_rms_eps,
+    conv_state,
+    ssm_state,
+):
+    s = mamba_mixer_sizes(conv_weight, x_proj_weight, dt_proj_weight, A)
+    batch, width, d = zx.shape[0], zx.shape[-1], s["channels"]
+    y = torch.empty(*zx.shape[:-1], d, dtype=torch.float32)
+    conv_out = torch.empty(batch, d, s["width"] - 1, dtype=torch.float32)
+    ssm_out = torch.empty(batch, d, s["state"], dtype=torch.float32)
+    inputs = (
+        zx,
+        conv_weight,
+        conv_bias,
+        x_proj_weight,
+        dt_proj_weight,
+        A,
+        D,
+        dt_bias,
+        conv_state,
+        ssm_state,
+    )
+    inputs = [as_f32(t) for t in inputs]  # held until the call returns
+    sizes = [batch] if step else [batch, zx.shape[1]]
+    call_kernel(
+        "ssmcc_mamba_mixer_step_f32" if step else "ssmcc_mamba_mixer_f32",
+        *[pointer(t) for t in inputs],
+        y.data_ptr(),
+        conv_out.data_ptr(),
+        ssm_out.data_ptr(),
+        *sizes,
+        width,
+        int(x_offset),
+        int(z_offset),
+        d,
+        s["width"],
+        s["rank"],
+        s["state"],
+        int(uses_silu("mamba_mixer", activation)),
+        int(bool(delta_softplus)),
+        int(bcdt_rms_eps is not None),
+        float(bcdt_rms_eps or 0.0),
+        torch.get_num_threads(),
+    )
+    return y.to(zx.dtype), conv_out, ssm_out
+
+
+def _mamba_mixer(
+    zx,
+    conv_weight,
+    conv_bias,
+    x_proj_weight,
+    dt_proj_weight,
+    A,
+    D,
+    dt_bias,
+    x_offset,
+    z_offset,
+    activation="silu",
+    delta_softplus=True,
+    bcdt_rms_eps=None,
+    conv_state=None,
+    ssm_state=None,
+):
+    return _run_mamba(
+        False,
+        zx,
+        conv_weight,
+        conv_bias,
+        x_proj_weight,
+        dt_proj_weight,
+        A,
+        D,
+        dt_bias,
+        x_offset,
+        z_offset,
+        activation,
+        delta_softplus,
+        bcdt_rms_eps,
+        conv_state,
+        ssm_state,
+    )
+
+
+def mamba_mixer_cpu(
+    zx,
+    conv_weight,
+    conv_bias,
+    x_proj_weight,
+    dt_proj_weight,
+    A,
+    D,
+    dt_bias,
+    x_offset,
+    z_offset,
+    activation="silu",
+    delta_softplus=True,
+    bcdt_rms_eps=None,
+    conv_state=None,
+    ssm_state=None,
+):
+    """Checked entry point: the op's shape rules, then the kernel."""
+    check_mamba_mixer_args(
+        "mamba_mixer",
+        zx,
+        conv_weight,
+        conv_bias,
+        x_proj_weight,
+        dt_proj_weight,
+        A,
+        D,
+        dt_bias,
+        x_offset,
+        z_offset,
+        conv_state,
+        ssm_state,
+        time_axis=True,
+    )
+    return _mamba_mixer(
+        zx,
+        conv_weight,
+        conv_bias,
+        x_proj_weight,
+        dt_proj_weight,
+        A,
+        D,
+        dt_bias,
+        x_offset,
+        z_offset,
+        activation,
+        delta_softplus,
+        bcdt_rms_eps,
+        conv_state,
+        ssm_state,
+    )
+
+
+def _mamba_mixer_step(
+    zx,
+    conv_weight,
+    conv_bias,
+    x_proj_weight,
+    dt_proj_weight,
+    A,
+    D,
+    dt_bias,
+    x_offset,
+    z_offset,
+    activation,
+    delta_softplus,
+    bcdt_rms_eps,
+    conv_state,
+    ssm_state,
+):
+    return _run_mamba(
+        True,
+        zx,
+        conv_weight,
+        conv_bias,
+        x_proj_weight,
+        dt_proj_weight,
+        A,
+        D,
+        dt_bias,
+        x_offset,
+        z_offset,
+        activation,
+        delta_softplus,
+        bcdt_rms_eps,
+        conv_state,
+        ssm_state,
+    )
+
+
+def mamba_mixer_step_cpu(
+    zx,
+    conv_weight,
+    conv_bias,
+    x_proj_weight,
+    dt_proj_weight,
+    A,
+    D,
+    dt_bias,
+    x_offset,
+    z_offset,
+    activation,
+    delta_softplus,
+    bcdt_rms_eps,
+    conv_state,
+    ssm_state,
+):
+    """Checked entry point: the op's shape rules, then the kernel."""
+    check_mamba_mixer_args(
+        "mamba_mixer_step",
+        zx,
+        conv_weight,
+        conv_bias,
+        x_proj_weight,
+        dt_proj_weight,
+        A,
+        D,
+        dt_bias,
+        x_offset,
+        z_offset,
+        conv_state,
+        ssm_state,
+        time_axis=False,
+    )
+    return _mamba_mixer_step(
+        zx,
+        conv_weight,
+        conv_bias,
+        x_proj_weight,
+        dt_proj_weight,
+        A,
+        D,
+        dt_bias,
+        x_offset,
+        z_offset,
+        activation,
+        delta_softplus,
+        bcdt_rms_eps,
+        conv_state,
+        ssm_state,
+    )
+
+
+MIXER_KERNELS |= {"mamba_mixer": mamba_mixer_cpu, "mamba_mixer_step": mamba_mixer_step_cpu}
+MIXER_VERIFIED_KERNELS |= {"mamba_mixer": _mamba_mixer, "mamba_mixer_step": _mamba_mixer_step}

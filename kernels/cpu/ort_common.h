@@ -1,5 +1,5 @@
 // Shared pieces of the ssmcc ONNX Runtime kernels (ort_ops.cpp: Mamba-1 ops and registration,
-// ort_ssd_ops.cpp: Mamba-2 ops, ort_mixer_ops.cpp: the fused Mamba-2 mixer): rows split over ORT's intra-op thread pool, inputs read with
+// ort_ssd_ops.cpp: Mamba-2 ops, ort_mixer_ops.cpp, ort_mamba_mixer_ops.cpp: the fused mixers): rows split over ORT's intra-op thread pool, inputs read with
 // their shapes checked against the node's contract (Inputs: ORT checks only element types), and
 // a float op type whose kernel errors become ORT statuses, never exceptions across ORT's C API.
 #pragma once
@@ -144,5 +144,8 @@ void add_ssd_ops(Ort::CustomOpDomain& domain);
 
 // Registers the fused Mamba-2 mixer ops (ort_mixer_ops.cpp) in the ssmcc domain.
 void add_mixer_ops(Ort::CustomOpDomain& domain);
+
+// Registers the fused Mamba-1 mixer ops (ort_mamba_mixer_ops.cpp) in the ssmcc domain.
+void add_mamba_mixer_ops(Ort::CustomOpDomain& domain);
 
 }  // namespace ssmcc::ort

@@ -1,6 +1,6 @@
 // ONNX Runtime custom-op library for the ssmcc domain: the kernels of ssm_kernels.h bound as
 // ORT kernels (schemas: lowering/onnx/schemas.py), plus the Mamba-2 kernels of ort_ssd_ops.cpp
-// and ort_mixer_ops.cpp.
+// and the fused mixers of ort_mixer_ops.cpp and ort_mamba_mixer_ops.cpp.
 // Rows are split over ORT's own intra-op thread pool (KernelContext_ParallelFor), so no second
 // thread pool competes with ORT's. ORT checks only element types, so each kernel checks every
 // input's shape against its node's contract (schemas.py; the size relations of contracts.h)
@@ -166,6 +166,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     domain->Add(&kCausalConv1dUpdate);
     ssmcc::ort::add_ssd_ops(*domain);
     ssmcc::ort::add_mixer_ops(*domain);
+    ssmcc::ort::add_mamba_mixer_ops(*domain);
     Ort::UnownedSessionOptions(options).Add(*domain);
     domains().push_back(std::move(domain));
   } catch (const Ort::Exception& error) {

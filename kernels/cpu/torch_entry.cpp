@@ -10,6 +10,7 @@
 
 #include "contracts.h"
 #include "gemv.h"
+#include "mamba_mixer.h"
 #include "ssd_chunked.h"
 #include "ssd_kernels.h"
 #include "ssd_mixer.h"
@@ -300,4 +301,96 @@ SSMCC_EXPORT int ssmcc_linear_f32(const float* x, const float* weight, const flo
                        std::min(e * ssmcc::kGemvBlock, out_features));
     });
   });
+}
+
+// mamba_mixer (``step``: proj (b, w), length 1) and mamba_mixer_step.
+namespace {
+template <typename T>
+std::vector<float> transposed(const T* data, int64_t rows, int64_t cols, bool skip) {
+  std::vector<float> out(skip ? 0 : rows * cols);
+  if (!skip)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = data[r * cols + c];
+  return out;
+}
+
+int mamba_mixer_entry(bool step, const float* proj, const float* conv_weight,
+                      const float* conv_bias, const float* x_proj, const float* dt_proj,
+                      const float* A, const float* D, const float* dt_bias,
+                      const float* conv_state, const float* ssm_state, float* y,
+                      float* conv_state_out, float* ssm_state_out, int64_t batch,
+                      int64_t length, int64_t width, int64_t x_offset, int64_t z_offset,
+                      int64_t channels, int64_t kernel, int64_t rank, int64_t dstate,
+                      int32_t silu, int32_t softplus, int32_t rms, float rms_eps,
+                      int32_t threads) {
+  const char* op = step ? "mamba_mixer_step" : "mamba_mixer";
+  const auto contract = ssmcc::check_mamba_mixer(op, batch, length, width, x_offset, z_offset,
+                                                 channels, kernel, rank, dstate);
+  return guarded(contract, [&] {
+    const int64_t E = rank + 2 * dstate, tokens = batch * length;
+    std::vector<float> conv_t(step ? 0 : kernel * channels);
+    ssmcc::transpose_conv_weight(conv_weight, conv_t.data(), channels, kernel, step);
+    const auto x_proj_t = transposed(x_proj, E, channels, step);
+    const auto dt_proj_t = transposed(dt_proj, channels, rank, step);
+    const auto A_t = transposed(A, channels, dstate, step);
+    std::vector<float> xc(tokens * channels), dbc(tokens * E), dt(tokens * channels);
+    const ssmcc::MambaMixerArgs a{
+        proj,      conv_weight,      conv_t.data(),    conv_bias,      x_proj,
+        x_proj_t.data(), dt_proj,    dt_proj_t.data(), A,              A_t.data(),
+        D,         dt_bias,          conv_state,       ssm_state,      y,
+        conv_state_out,  ssm_state_out, xc.data(),     dbc.data(),     dt.data(),
+        batch,     length,           width,            x_offset,       z_offset,
+        channels,  kernel,           rank,             dstate,         silu != 0,
+        softplus != 0,   rms != 0,   rms_eps};
+    const ssmcc::ConvChannelsLast conv = ssmcc::mamba_mixer_conv(a);
+    if (step) {
+      ssmcc::conv_channels_last_step_rows(conv, 0, batch);
+      std::vector<float> B(batch * dstate), C(batch * dstate), z(batch * channels);
+      ssmcc::mamba_step_rows(a, B.data(), C.data(), z.data());
+      return;
+    }
+    const int64_t block = ssmcc::tuning::kMixerConvBlock;
+    parallel_rows(batch * ssmcc::conv_blocks(length), block * channels * kernel, threads,
+                  [&](int64_t b, int64_t e) { ssmcc::conv_channels_last_rows(conv, b, e); });
+    ssmcc::conv_channels_last_state_out(conv);
+    parallel_rows((tokens + block - 1) / block, block * channels * E, threads,
+                  [&](int64_t b, int64_t e) { ssmcc::mamba_projection_rows(a, b, e); });
+    parallel_rows(batch * ssmcc::mamba_channel_blocks(a),
+                  length * dstate * ssmcc::gemm::kLanes, threads,
+                  [&](int64_t b, int64_t e) { ssmcc::mamba_scan_rows(a, b, e); });
+  });
+}
+}  // namespace
+
+SSMCC_EXPORT int ssmcc_mamba_mixer_f32(const float* proj, const float* conv_weight,
+                                       const float* conv_bias, const float* x_proj,
+                                       const float* dt_proj, const float* A, const float* D,
+                                       const float* dt_bias, const float* conv_state,
+                                       const float* ssm_state, float* y, float* conv_state_out,
+                                       float* ssm_state_out, int64_t batch, int64_t length,
+                                       int64_t width, int64_t x_offset, int64_t z_offset,
+                                       int64_t channels, int64_t kernel, int64_t rank,
+                                       int64_t dstate, int32_t silu, int32_t softplus,
+                                       int32_t rms, float rms_eps, int32_t threads) {
+  return mamba_mixer_entry(false, proj, conv_weight, conv_bias, x_proj, dt_proj, A, D, dt_bias,
+                           conv_state, ssm_state, y, conv_state_out, ssm_state_out, batch,
+                           length, width, x_offset, z_offset, channels, kernel, rank, dstate,
+                           silu, softplus, rms, rms_eps, threads);
+}
+
+SSMCC_EXPORT int ssmcc_mamba_mixer_step_f32(const float* proj, const float* conv_weight,
+                                            const float* conv_bias, const float* x_proj,
+                                            const float* dt_proj, const float* A, const float* D,
+                                            const float* dt_bias, const float* conv_state,
+                                            const float* ssm_state, float* y,
+                                            float* conv_state_out, float* ssm_state_out,
+                                            int64_t batch, int64_t width, int64_t x_offset,
+                                            int64_t z_offset, int64_t channels, int64_t kernel,
+                                            int64_t rank, int64_t dstate, int32_t silu,
+                                            int32_t softplus, int32_t rms, float rms_eps,
+                                            int32_t threads) {
+  return mamba_mixer_entry(true, proj, conv_weight, conv_bias, x_proj, dt_proj, A, D, dt_bias,
+                           conv_state, ssm_state, y, conv_state_out, ssm_state_out, batch, 1,
+                           width, x_offset, z_offset, channels, kernel, rank, dstate, silu,
+                           softplus, rms, rms_eps, threads);
 }

@@ -24,7 +24,10 @@ constexpr int64_t kRowsPerTask = 8;
 constexpr int64_t kSsdChunk = 64;
 constexpr int64_t kSsdChunkedFrom = 16;
 
-// ssd_mixer (ssd_mixer.h): positions per task of its channels-last conv.
+// the fused mixers (ssd_mixer.h, mamba_mixer.h): positions per task of their channels-last conv
+// and of the Mamba-1 mixer's projections; the projections' depth block (x_proj's rows per pass
+// stay in cache while a block of positions is multiplied).
 constexpr int64_t kMixerConvBlock = 64;
+constexpr int64_t kProjectionDepth = 256;
 
 }  // namespace ssmcc::tuning

@@ -383,6 +383,128 @@ def emit_ssd_mixer_step(
     )
 
 
+def _mamba_mixer_node(
+    node,
+    zx,
+    conv_weight,
+    conv_bias,
+    x_proj_weight,
+    dt_proj_weight,
+    A,
+    D,
+    dt_bias,
+    x_offset,
+    z_offset,
+    activation,
+    delta_softplus,
+    bcdt_rms_eps,
+    conv_state,
+    ssm_state,
+):
+    channels, width = conv_weight.shape
+    state, batch = A.shape[1], _dim(zx, 0)
+    constant = lambda v: op.Constant(value_ints=[int(v)])  # noqa: E731
+    zeros = lambda *dims: _zeros(*(constant(v) if isinstance(v, int) else v for v in dims))  # noqa: E731
+    if conv_state is None:
+        conv_state = zeros(batch, channels, width - 1)
+    if ssm_state is None:
+        ssm_state = zeros(batch, channels, state)
+    return node(
+        zx,
+        conv_weight,
+        zeros(channels) if conv_bias is None else conv_bias,
+        x_proj_weight,
+        dt_proj_weight,
+        A,
+        zeros(channels) if D is None else D,
+        zeros(channels) if dt_bias is None else dt_bias,
+        conv_state,
+        ssm_state,
+        x_offset=int(x_offset),
+        z_offset=max(int(z_offset), 0),
+        has_z=int(z_offset >= 0),
+        activation=ACTIVATIONS[activation],
+        delta_softplus=int(bool(delta_softplus)),
+        has_rms=int(bcdt_rms_eps is not None),
+        rms_eps=float(bcdt_rms_eps or 0.0),
+        _outputs=3,
+    )
+
+
+def emit_mamba_mixer(
+    zx,
+    conv_weight,
+    conv_bias,
+    x_proj_weight,
+    dt_proj_weight,
+    A,
+    D,
+    dt_bias,
+    x_offset,
+    z_offset,
+    activation="silu",
+    delta_softplus=True,
+    bcdt_rms_eps=None,
+    conv_state=None,
+    ssm_state=None,
+):
+    return _mamba_mixer_node(
+        SSMCC.MambaMixer,
+        zx,
+        conv_weight,
+        conv_bias,
+        x_proj_weight,
+        dt_proj_weight,
+        A,
+        D,
+        dt_bias,
+        x_offset,
+        z_offset,
+        activation,
+        delta_softplus,
+        bcdt_rms_eps,
+        conv_state,
+        ssm_state,
+    )
+
+
+def emit_mamba_mixer_step(
+    zx,
+    conv_weight,
+    conv_bias,
+    x_proj_weight,
+    dt_proj_weight,
+    A,
+    D,
+    dt_bias,
+    x_offset,
+    z_offset,
+    activation,
+    delta_softplus,
+    bcdt_rms_eps,
+    conv_state,
+    ssm_state,
+):
+    return _mamba_mixer_node(
+        SSMCC.MambaMixerStep,
+        zx,
+        conv_weight,
+        conv_bias,
+        x_proj_weight,
+        dt_proj_weight,
+        A,
+        D,
+        dt_bias,
+        x_offset,
+        z_offset,
+        activation,
+        delta_softplus,
+        bcdt_rms_eps,
+        conv_state,
+        ssm_state,
+    )
+
+
 ONNX_TABLE: dict[str, Emitter] = {
     "selective_scan": Emitter("ssmcc.SelectiveScan node + portable Scan body", emit_selective_scan),
     "causal_conv1d": Emitter("ssmcc.CausalConv1d node + portable body", emit_causal_conv1d),
@@ -398,6 +520,12 @@ ONNX_TABLE: dict[str, Emitter] = {
     "ssd_mixer": Emitter("ssmcc.SsdMixer node + portable body of the ops it fuses", emit_ssd_mixer),
     "ssd_mixer_step": Emitter(
         "ssmcc.SsdMixerStep node + portable body of the ops it fuses", emit_ssd_mixer_step
+    ),
+    "mamba_mixer": Emitter(
+        "ssmcc.MambaMixer node + portable body of the ops it fuses", emit_mamba_mixer
+    ),
+    "mamba_mixer_step": Emitter(
+        "ssmcc.MambaMixerStep node + portable body of the ops it fuses", emit_mamba_mixer_step
     ),
 }
 ONNX_UNSUPPORTED: dict[str, str] = {}

@@ -25,7 +25,12 @@ from ssmcc.lowering.onnx.functions import (
     selective_scan_function,
     selective_state_update_function,
 )
-from ssmcc.lowering.onnx.functions_mixer import ssd_mixer_function, ssd_mixer_step_function
+from ssmcc.lowering.onnx.functions_mixer import (
+    mamba_mixer_function,
+    mamba_mixer_step_function,
+    ssd_mixer_function,
+    ssd_mixer_step_function,
+)
 from ssmcc.lowering.onnx.functions_ssd import (
     rmsnorm_gated_function,
     ssd_scan_function,
@@ -66,11 +71,14 @@ def _translation_table(program: ExportedProgram) -> dict:
     return table
 
 
-_CONVS = {SSMCC_OPS[name] for name in ("causal_conv1d", "ssd_mixer")}  # weight (d, k): arg 1
+# the ops whose arg 1 is a conv weight (d, k)
+_CONVS = {SSMCC_OPS[name] for name in ("causal_conv1d", "ssd_mixer", "mamba_mixer")}
 # The bodies a fused op's body calls (functions_mixer.py).
 _CALLED = {
     "SsdMixer": ("CausalConv1d", "SsdScan", "RmsNormGated"),
     "SsdMixerStep": ("CausalConv1dUpdate", "SsdStateUpdate", "RmsNormGated"),
+    "MambaMixer": ("CausalConv1d", "SelectiveScan"),
+    "MambaMixerStep": ("CausalConv1dUpdate", "SelectiveStateUpdate"),
 }
 
 
@@ -185,6 +193,8 @@ def lower_to_onnx(
         "RmsNormGated": lambda: rmsnorm_gated_function(OPSET),
         "SsdMixer": lambda: ssd_mixer_function(OPSET),
         "SsdMixerStep": lambda: ssd_mixer_step_function(OPSET),
+        "MambaMixer": lambda: mamba_mixer_function(OPSET),
+        "MambaMixerStep": lambda: mamba_mixer_step_function(OPSET),
     }
     for fused, called in _CALLED.items():
         if fused in used:

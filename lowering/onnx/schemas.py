@@ -37,6 +37,14 @@ The fused Mamba-2 mixer (d = h p, c = d + 2 g n; see ``ssmcc.ops.ssd_mixer``)::
              dt_softplus, dt_min, dt_max) -> y[b,l,d], conv_state, ssm_state
     SsdMixerStep: the same with zxbcdt[b,w] -> y[b,d], conv_state, ssm_state
 
+The fused Mamba-1 mixer (E = R + 2n; see ``ssmcc.ops.mamba_mixer``)::
+
+    MambaMixer(zx[b,l,w], conv_weight[d,k], conv_bias[d], x_proj_weight[E,d],
+               dt_proj_weight[d,R], A[d,n], D[d], dt_bias[d], conv_state[b,d,k-1],
+               ssm_state[b,d,n]; x_offset, z_offset, has_z, activation, delta_softplus, has_rms,
+               rms_eps) -> y[b,l,d], conv_state, ssm_state
+    MambaMixerStep: the same with zx[b,w] -> y[b,d], conv_state, ssm_state
+
 Registration is process-wide and idempotent.
 """
 
@@ -274,6 +282,53 @@ SCHEMAS += [
         "SsdMixer", "(b, l, w)", "(b, l, d)", "Fused Mamba-2 mixer (ssmcc.ops.ssd_mixer)."
     ),
     _mixer_schema("SsdMixerStep", "(b, w)", "(b, d)", "One position of SsdMixer."),
+]
+
+
+_MAMBA_MIXER_ATTRIBUTES = [
+    _int_attr("x_offset", "x at [x_offset, x_offset + d) of zx's last axis"),
+    _int_attr("z_offset", "z at [z_offset, z_offset + d)"),
+    _int_attr("has_z", "1: y is gated by silu(z)"),
+    _int_attr("activation", "of the conv: 0 identity, 1 silu"),
+    _int_attr("delta_softplus", "1: dt = softplus(dt + dt_bias)"),
+    _int_attr("has_rms", "1: dt_r, B and C are RMS-normalised (FalconMamba)"),
+    _float_attr("rms_eps", "eps of those norms"),
+]
+
+
+def _mamba_mixer_schema(name: str, proj: str, y: str, doc: str) -> OpSchema:
+    return OpSchema(
+        name,
+        DOMAIN,
+        VERSION,
+        doc=doc,
+        inputs=_inputs(
+            [
+                ("zx", proj),
+                ("conv_weight", "(d, k)"),
+                ("conv_bias", "(d,)"),
+                ("x_proj_weight", "(R + 2n, d)"),
+                ("dt_proj_weight", "(d, R)"),
+                ("A", "(d, n)"),
+                ("D", "(d,)"),
+                ("dt_bias", "(d,)"),
+                ("conv_state", "(b, d, k-1)"),
+                ("ssm_state", "(b, d, n)"),
+            ]
+        ),
+        outputs=_inputs(
+            [("y", y), ("conv_state_out", "(b, d, k-1)"), ("ssm_state_out", "(b, d, n)")]
+        ),
+        type_constraints=[("T", _FLOAT_TYPES, "floating point")],
+        attributes=_MAMBA_MIXER_ATTRIBUTES,
+    )
+
+
+SCHEMAS += [
+    _mamba_mixer_schema(
+        "MambaMixer", "(b, l, w)", "(b, l, d)", "Fused Mamba-1 mixer (ssmcc.ops.mamba_mixer)."
+    ),
+    _mamba_mixer_schema("MambaMixerStep", "(b, w)", "(b, d)", "One position of MambaMixer."),
 ]
 
 

@@ -12,6 +12,12 @@ from ssmcc.ops.causal_conv1d import (
     causal_conv1d_update,
     causal_conv1d_update_ref,
 )
+from ssmcc.ops.mamba_mixer import (
+    mamba_mixer,
+    mamba_mixer_ref,
+    mamba_mixer_step,
+    mamba_mixer_step_ref,
+)
 from ssmcc.ops.rmsnorm_gated import rmsnorm_gated, rmsnorm_gated_ref
 from ssmcc.ops.selective_scan import selective_scan, selective_scan_ref
 from ssmcc.ops.selective_state_update import selective_state_update, selective_state_update_ref
@@ -30,6 +36,8 @@ SSMCC_OPS = {
     "rmsnorm_gated": rmsnorm_gated._opoverload,
     "ssd_mixer": ssd_mixer._opoverload,
     "ssd_mixer_step": ssd_mixer_step._opoverload,
+    "mamba_mixer": mamba_mixer._opoverload,
+    "mamba_mixer_step": mamba_mixer_step._opoverload,
 }
 # Each op's pure-PyTorch reference: the oracle, and the fallback wherever no kernel runs.
 SSMCC_REFERENCES = {
@@ -42,6 +50,8 @@ SSMCC_REFERENCES = {
     "rmsnorm_gated": rmsnorm_gated_ref,
     "ssd_mixer": ssd_mixer_ref,
     "ssd_mixer_step": ssd_mixer_step_ref,
+    "mamba_mixer": mamba_mixer_ref,
+    "mamba_mixer_step": mamba_mixer_step_ref,
 }
 
 
@@ -51,6 +61,10 @@ def is_ssmcc_op(target) -> bool:
 
 
 __all__ = [
+    "mamba_mixer",
+    "mamba_mixer_ref",
+    "mamba_mixer_step",
+    "mamba_mixer_step_ref",
     "rmsnorm_gated",
     "rmsnorm_gated_ref",
     "ssd_mixer",

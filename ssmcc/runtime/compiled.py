@@ -195,6 +195,7 @@ class CompiledModel:
         specs = self._executable.specs
         return self._step_checked(ids, check_state(state, specs, ids.shape[0]))
 
+    @torch.inference_mode()
     def _step_checked(self, ids: torch.Tensor, tensors: list) -> tuple[torch.Tensor, State]:
         """``step`` on ids and state tensors already known to fit (what generation feeds back:
         the tokens it chose and the state the previous call returned)."""

@@ -1,0 +1,221 @@
+"""Rule ``mamba_mixer`` of ``fuse_scan_norm_mlp``: a Mamba-1 mixer's chain from its input
+projection to its scan becomes one ``ssmcc.mamba_mixer`` (math: ``ssmcc.ops.mamba_mixer``).
+
+Matched (HF Mamba and FalconMamba after routing; P = the projection output (b, l, w))::
+
+    x, z        = channel slices of P^T (b, c, l)            (transpose, then chunk/split/slice)
+    xc          = causal_conv1d(x, conv_weight, conv_bias, None, act)[0]
+    dt_r, B, C  = split(linear(xc^T, x_proj_weight), [R, n, n])     optionally each through a
+                                                                   weightless RMS norm (FalconMamba)
+    y           = selective_scan(xc, dt_proj_weight @ dt_r^T, A, B^T, C^T, D, z, dt_bias, ...)[0]
+    out         = y^T                          (b, l, d): what the output projection reads
+->  out         = mamba_mixer(P, conv_weight, conv_bias, x_proj_weight, dt_proj_weight, A, D,
+                              dt_bias, offsets of x and z, ...)[0]
+
+Nothing between P and ``out`` may be used outside the chain (the scan's and conv's final states
+included). The rewrite is exact: the op's reference is this chain.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch.fx import Node
+
+from ssmcc.ops import SSMCC_OPS
+from ssmcc.ops.contracts import bind_arguments
+from ssmcc.passes.dim_labels import shape
+from ssmcc.passes.fuse_ssd_mixer import (
+    _SPLITS,
+    _getitems,
+    _split_offset,
+    _transpose_1_2,
+    token_slice,
+)
+from ssmcc.passes.rules import Reject
+
+aten = torch.ops.aten
+SELECTIVE_SCAN, CONV = SSMCC_OPS["selective_scan"], SSMCC_OPS["causal_conv1d"]
+MAMBA_MIXER = SSMCC_OPS["mamba_mixer"]
+_CASTS = {aten._to_copy.default, aten.to.dtype, aten.type_as.default}
+
+
+def _through(node, targets) -> Node:
+    while isinstance(node, Node) and node.target in targets:
+        node = node.args[0]
+    return node
+
+
+def channel_slice(node: Node, walked: set) -> tuple[Node, int] | Reject:
+    """(P, offset): ``node`` (b, c, l) is ``P^T[:, offset : offset + c]``, P being (b, l, w)."""
+    offset = 0
+    while node.op == "call_function" and node.target in (
+        operator.getitem,
+        aten.slice.Tensor,
+    ):
+        if node.target == operator.getitem:
+            split = node.args[0]
+            dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
+            if split.target == aten.chunk.default and dim in (1, -2):
+                offset += node.args[1] * (shape(split.args[0])[1] // split.args[1])
+            elif split.target in _SPLITS and dim in (1, -2):
+                sizes = split.args[1]
+                if split.target == aten.split.Tensor:
+                    offset += node.args[1] * int(sizes)
+                else:
+                    offset += sum(int(s) for s in sizes[: node.args[1]])
+            else:
+                return Reject(f"{node.name} is not a channel slice")
+            walked.update((node, split))
+            node = split.args[0]
+        else:
+            if node.args[1] not in (1, -2) or (len(node.args) > 4 and node.args[4] != 1):
+                return Reject(f"{node.name} slices another axis than the channels")
+            start = node.args[2] if len(node.args) > 2 and node.args[2] is not None else 0
+            walked.add(node)
+            offset += int(start)
+            node = node.args[0]
+    token_major = _transpose_1_2(node)
+    if token_major is None:
+        return Reject(f"{node.name} is not a transposed (b, l, w) projection output")
+    walked.add(node)
+    found = token_slice(token_major, walked)
+    if isinstance(found, Reject):
+        return found
+    return found[0], found[1] + offset
+
+
+def _weightless_rms(node: Node) -> tuple[Node, float] | None:
+    """(v, eps) when ``node`` is ``v * rsqrt(mean(v^2, -1, keepdim) + eps)`` (through casts)."""
+    node = _through(node, _CASTS)
+    if not (isinstance(node, Node) and node.target == aten.mul.Tensor):
+        return None
+    for v, r in (node.args[:2], node.args[1::-1]):
+        if not (isinstance(r, Node) and r.target == aten.rsqrt.default):
+            continue
+        add = r.args[0]
+        if add.target != aten.add.Tensor or not isinstance(add.args[1], (int, float)):
+            continue
+        mean = add.args[0]
+        if mean.target != aten.mean.dim or mean.args[1] not in ([-1], (-1,)):
+            continue
+        power = mean.args[0]
+        if power.target == aten.pow.Tensor_Scalar and power.args[0] is v and power.args[1] == 2:
+            return _through(v, _CASTS), float(add.args[1])
+    return None
+
+
+def _projected_piece(value: Node, walked: set):
+    """(x_proj output, offset, rms eps or None) of dt_r / B / C, read back from the scan side."""
+    eps = None
+    normed = _weightless_rms(value)
+    if normed is not None:
+        start = value
+        value, eps = normed
+        stack = [start]
+        while stack:  # the norm's nodes belong to the chain
+            node = stack.pop()
+            if node in walked or node is value:
+                continue
+            walked.add(node)
+            stack.extend(n for n in node.all_input_nodes if n is not value)
+    if value.target != operator.getitem or value.args[0].target not in _SPLITS:
+        return Reject(f"{value.name} is not a piece of the x_proj output")
+    split = value.args[0]
+    offset = _split_offset(split, value.args[1])
+    if offset is None:
+        return Reject(f"{split.name} splits another axis than the last")
+    walked.update((value, split))
+    return split.args[0], offset, eps
+
+
+def match_mamba_mixer(scan: Node) -> dict | Reject:
+    """The pieces of a fusable Mamba-1 mixer around ``scan``, or why not."""
+    args = bind_arguments(scan.target, scan.args, scan.kwargs)
+    if args["initial_state"] is not None:
+        return Reject("the scan has an initial state")
+    if args["B"].meta["val"].dim() != 3 or args["C"].meta["val"].dim() != 3:
+        return Reject("B or C is grouped (the fused op takes one B and C for every channel)")
+    walked: set = {scan}
+    outputs = _getitems(scan)
+    if 1 in outputs and outputs[1].users:
+        return Reject("the scan's final state is used")
+    if 0 not in outputs or len(outputs[0].users) != 1:
+        return Reject("the scan's output is not read once")
+    walked.update(outputs.values())
+    out = next(iter(outputs[0].users))
+    if _transpose_1_2(out) is not outputs[0]:
+        return Reject("the scan's output is not transposed back to (b, l, d)")
+    conv_out = args["u"]
+    if conv_out.target != operator.getitem or conv_out.args[0].target != CONV:
+        return Reject("the scan's input is not a causal_conv1d output")
+    conv = conv_out.args[0]
+    conv_args = bind_arguments(conv.target, conv.args, conv.kwargs)
+    if conv_args["initial_state"] is not None:
+        return Reject("the conv has an initial state")
+    if 1 in _getitems(conv) and _getitems(conv)[1].users:
+        return Reject("the conv's final state is used")
+    walked.update((conv, *_getitems(conv).values()))
+    sources = {}
+    for name, value in (("x", conv_args["x"]), ("z", args["z"])):
+        if value is None:
+            continue
+        found = channel_slice(value, walked)
+        if isinstance(found, Reject):
+            return found
+        sources[name] = found
+    if len({source for source, _ in sources.values()}) != 1:
+        return Reject("x and z are not slices of one projection output")
+    delta = args["delta"]
+    if delta.target != aten.matmul.default or _transpose_1_2(delta.args[1]) is None:
+        return Reject("dt is not dt_proj_weight @ dt_r^T")
+    dt_proj_weight = delta.args[0]
+    walked.update((delta, delta.args[1]))
+    pieces = {}
+    for name, transposed in (("dt", delta.args[1]), ("B", args["B"]), ("C", args["C"])):
+        value = _transpose_1_2(transposed)
+        if value is None:
+            return Reject(f"{name} is not a transposed piece of the x_proj output")
+        walked.add(transposed)
+        found = _projected_piece(value, walked)
+        if isinstance(found, Reject):
+            return found
+        pieces[name] = found
+    projections = {p for p, _, _ in pieces.values()}
+    epsilons = {e for _, _, e in pieces.values()}
+    rank, state = shape(dt_proj_weight)[1], shape(args["A"])[1]
+    offsets = {name: offset for name, (_, offset, _) in pieces.items()}
+    if len(projections) != 1 or offsets != {"dt": 0, "B": rank, "C": rank + state}:
+        return Reject("dt_r, B and C are not the pieces [R, n, n] of one x_proj output")
+    if len(epsilons) != 1:
+        return Reject("dt_r, B and C are not normalised alike")
+    x_proj = projections.pop()
+    if x_proj.target != aten.linear.default or len(x_proj.args) > 2 and x_proj.args[2] is not None:
+        return Reject("the x_proj output is not a linear without bias")
+    if _transpose_1_2(x_proj.args[0]) is not conv_out:
+        return Reject("x_proj does not read the conv output")
+    walked.update((x_proj, x_proj.args[0]))
+    inside = [n for n in walked if n.target not in _SPLITS]
+    outside = [n for n in inside if any(u not in walked and u is not out for u in n.users)]
+    if outside:
+        return Reject(f"{outside[0].name} is also used outside the mixer")
+    return dict(
+        out=out,
+        scan=scan,
+        call=(
+            sources["x"][0],
+            conv_args["weight"],
+            conv_args["bias"],
+            x_proj.args[1],
+            dt_proj_weight,
+            args["A"],
+            args["D"],
+            args["delta_bias"],
+            sources["x"][1],
+            sources["z"][1] if "z" in sources else -1,
+            conv_args["activation"],
+            bool(args["delta_softplus"]),
+            epsilons.pop(),
+        ),
+    )
