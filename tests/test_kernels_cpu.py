@@ -152,3 +152,24 @@ def test_eager_op_calls_fall_back_to_the_reference_without_kernels(monkeypatch):
     out, _ = torch.ops.ssmcc.selective_scan(**case)
     assert CALLS["selective_scan", "reference"] == before + 1
     torch.testing.assert_close(out, selective_scan_ref(**case)[0], rtol=0, atol=0)
+
+
+def _denormals_survive() -> bool:
+    return (torch.tensor([1e-38]) / 1000).item() != 0.0
+
+
+def test_the_kernels_leave_the_process_float_mode_alone():
+    """Loading and running the kernel libraries keeps denormals in the caller's own arithmetic:
+    they flush denormals only inside their calls (a library linked with -ffast-math would set
+    flush-to-zero for the whole process when loaded)."""
+    import ctypes
+
+    from ssmcc.kernels.cpu.build import build_ort_library
+
+    assert _denormals_survive()
+    case = scan_case(1, 6, 4, 40, None, True, True, True, True, seed=3)
+    torch_binding.selective_scan_cpu(**case, delta_softplus=True)
+    library = build_ort_library()
+    if library is not None:
+        ctypes.CDLL(library)
+    assert _denormals_survive()

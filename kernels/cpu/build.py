@@ -25,16 +25,19 @@ import sys
 import tempfile
 
 SOURCE_DIR = os.path.dirname(os.path.abspath(__file__))
-COMMON_FLAGS = [
+COMPILE_FLAGS = [
     "-std=c++17",
     "-O3",
-    "-ffast-math",
+    "-ffast-math",  # compiling only: see LINK_FLAGS
     "-fopenmp-simd",  # the kernels' `omp simd` loops, also in the ORT library (no OpenMP runtime)
     "-march=native",
     "-fPIC",
-    "-shared",
     "-fvisibility=hidden",
 ]
+# Linked without -ffast-math: with it GCC links crtfastmath.o, which sets flush-to-zero and
+# denormals-are-zero in the loading process (every later float computation of the user's
+# program, torch's included, would lose its denormals).
+LINK_FLAGS = ["-shared", "-fPIC"]
 # -fsanitize builds (SSMCC_SANITIZE=1): the fuzz corpus runs once against these in CI, because
 # an out-of-bounds read is invisible to value comparisons. Loading them needs the sanitizer
 # runtimes preloaded (tests/test_fuzz_sanitized.py shows how).
@@ -51,6 +54,8 @@ KERNEL_HEADERS = [
     "ssd_mixer.h",
     "conv_channels_last.h",
     "mamba_mixer.h",
+    "vector_math.h",
+    "denormals.h",
     "small_gemm.h",
     "gemv.h",
     "tuning.h",
@@ -124,7 +129,7 @@ def _build(name: str, sources: list[str], flags: list[str], extra_key: str = "")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256()
     flags = [*flags, *(SANITIZE_FLAGS if sanitizing() else [])]
-    for part in [version, _cpu_flags(), " ".join(flags), extra_key]:
+    for part in [version, _cpu_flags(), " ".join(COMPILE_FLAGS + LINK_FLAGS + flags), extra_key]:
         digest.update(part.encode())
     for source in sorted(set(sources + KERNEL_HEADERS)):
         with open(os.path.join(SOURCE_DIR, source), "rb") as f:
@@ -137,22 +142,32 @@ def _build(name: str, sources: list[str], flags: list[str], extra_key: str = "")
     _say_once(f"building {os.path.basename(target)} (once; cached in {folder})")
     handle, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
     os.close(handle)
-    command = [
-        compiler,
-        *COMMON_FLAGS,
-        *flags,
-        *[os.path.join(SOURCE_DIR, s) for s in sources],
-        "-o",
-        tmp,
-    ]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        os.unlink(tmp)
-        _say_once(
-            f"building lib{name}.so failed; using the slower path. Compiler said:\n"
-            f"{done.stderr[-2000:]}"
-        )
-        return None
+    with tempfile.TemporaryDirectory(dir=folder) as objects:
+        # compile and link apart: linking with -ffast-math would add GCC's crtfastmath.o, whose
+        # constructor turns on flush-to-zero for the whole process that loads the library
+        commands = [
+            [
+                compiler,
+                *COMPILE_FLAGS,
+                *flags,
+                "-c",
+                os.path.join(SOURCE_DIR, source),
+                "-o",
+                os.path.join(objects, f"{index}.o"),
+            ]
+            for index, source in enumerate(sources)
+        ]
+        link_flags = [f for f in flags if not f.startswith(("-I", "-D"))]
+        commands.append([compiler, *LINK_FLAGS, *link_flags, *[c[-1] for c in commands], "-o", tmp])
+        for command in commands:
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                os.unlink(tmp)
+                _say_once(
+                    f"building lib{name}.so failed; using the slower path. Compiler said:\n"
+                    f"{done.stderr[-2000:]}"
+                )
+                return None
     os.replace(tmp, target)
     return target
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "denormals.h"
 #include "onnxruntime_cxx_api.h"
 #include "tuning.h"
 
@@ -23,6 +24,7 @@ struct RowTask {
   const Args* args;
   int64_t rows, per_task;
   static void run(void* self, size_t task) {
+    const FlushDenormals flush;  // per worker thread
     auto* t = static_cast<RowTask*>(self);
     const int64_t begin = static_cast<int64_t>(task) * t->per_task;
     const int64_t end = std::min(begin + t->per_task, t->rows);
@@ -131,6 +133,7 @@ struct Checked : Kernel {
   using Kernel::Kernel;
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
     try {
+      const FlushDenormals flush;  // the calling thread, for this node
       Kernel::Compute(context);
       return nullptr;
     } catch (const std::exception& error) {

@@ -95,7 +95,7 @@ struct MambaMixerKernel {
     parallel_rows<ssmcc::MambaMixerArgs, ssmcc::mamba_projection_rows>(
         raw, a, (tokens + block - 1) / block, 1);
     parallel_rows<ssmcc::MambaMixerArgs, ssmcc::mamba_scan_rows>(
-        raw, a, batch * ssmcc::mamba_channel_blocks(a), 1);
+        raw, a, batch * ssmcc::mamba_scan_groups(a), 1);
   }
 };
 

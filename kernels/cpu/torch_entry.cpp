@@ -9,6 +9,7 @@
 #include <string>
 
 #include "contracts.h"
+#include "denormals.h"
 #include "gemv.h"
 #include "mamba_mixer.h"
 #include "ssd_chunked.h"
@@ -31,6 +32,7 @@ void parallel_rows(int64_t rows, int64_t work_per_row, int threads, Fn fn) {
   }
 #pragma omp parallel num_threads(threads)
   {
+    const ssmcc::FlushDenormals flush;  // per worker thread
     const int64_t count = omp_get_num_threads(), id = omp_get_thread_num();
     const int64_t begin = rows * id / count, end = rows * (id + 1) / count;
     fn(begin, end);
@@ -45,6 +47,7 @@ int guarded(const std::string& contract, Body body) {
     return 1;
   }
   try {
+    const ssmcc::FlushDenormals flush;  // the calling thread, for this call
     body();
   } catch (const std::exception& error) {
     last_error = error.what();
@@ -355,7 +358,7 @@ int mamba_mixer_entry(bool step, const float* proj, const float* conv_weight,
     ssmcc::conv_channels_last_state_out(conv);
     parallel_rows((tokens + block - 1) / block, block * channels * E, threads,
                   [&](int64_t b, int64_t e) { ssmcc::mamba_projection_rows(a, b, e); });
-    parallel_rows(batch * ssmcc::mamba_channel_blocks(a),
+    parallel_rows(batch * ssmcc::mamba_scan_groups(a),
                   length * dstate * ssmcc::gemm::kLanes, threads,
                   [&](int64_t b, int64_t e) { ssmcc::mamba_scan_rows(a, b, e); });
   });

@@ -29,5 +29,7 @@ constexpr int64_t kSsdChunkedFrom = 16;
 // stay in cache while a block of positions is multiplied).
 constexpr int64_t kMixerConvBlock = 64;
 constexpr int64_t kProjectionDepth = 256;
+// mamba_mixer's scan: blocks of vector-width channels per task (their states stay in L1).
+constexpr int64_t kScanGroup = 8;
 
 }  // namespace ssmcc::tuning
