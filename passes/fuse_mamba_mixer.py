@@ -26,14 +26,14 @@ from torch.fx import Node
 from ssmcc.ops import SSMCC_OPS
 from ssmcc.ops.contracts import bind_arguments
 from ssmcc.passes.dim_labels import shape
-from ssmcc.passes.fuse_ssd_mixer import (
-    _SPLITS,
-    _getitems,
-    _split_offset,
-    _transpose_1_2,
-    token_slice,
-)
 from ssmcc.passes.rules import Reject
+from ssmcc.passes.token_layout import (
+    SPLITS,
+    channel_slice,
+    getitems,
+    split_offset,
+    transpose_1_2,
+)
 
 aten = torch.ops.aten
 SELECTIVE_SCAN, CONV = SSMCC_OPS["selective_scan"], SSMCC_OPS["causal_conv1d"]
@@ -45,45 +45,6 @@ def _through(node, targets) -> Node:
     while isinstance(node, Node) and node.target in targets:
         node = node.args[0]
     return node
-
-
-def channel_slice(node: Node, walked: set) -> tuple[Node, int] | Reject:
-    """(P, offset): ``node`` (b, c, l) is ``P^T[:, offset : offset + c]``, P being (b, l, w)."""
-    offset = 0
-    while node.op == "call_function" and node.target in (
-        operator.getitem,
-        aten.slice.Tensor,
-    ):
-        if node.target == operator.getitem:
-            split = node.args[0]
-            dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
-            if split.target == aten.chunk.default and dim in (1, -2):
-                offset += node.args[1] * (shape(split.args[0])[1] // split.args[1])
-            elif split.target in _SPLITS and dim in (1, -2):
-                sizes = split.args[1]
-                if split.target == aten.split.Tensor:
-                    offset += node.args[1] * int(sizes)
-                else:
-                    offset += sum(int(s) for s in sizes[: node.args[1]])
-            else:
-                return Reject(f"{node.name} is not a channel slice")
-            walked.update((node, split))
-            node = split.args[0]
-        else:
-            if node.args[1] not in (1, -2) or (len(node.args) > 4 and node.args[4] != 1):
-                return Reject(f"{node.name} slices another axis than the channels")
-            start = node.args[2] if len(node.args) > 2 and node.args[2] is not None else 0
-            walked.add(node)
-            offset += int(start)
-            node = node.args[0]
-    token_major = _transpose_1_2(node)
-    if token_major is None:
-        return Reject(f"{node.name} is not a transposed (b, l, w) projection output")
-    walked.add(node)
-    found = token_slice(token_major, walked)
-    if isinstance(found, Reject):
-        return found
-    return found[0], found[1] + offset
 
 
 def _weightless_rms(node: Node) -> tuple[Node, float] | None:
@@ -120,10 +81,10 @@ def _projected_piece(value: Node, walked: set):
                 continue
             walked.add(node)
             stack.extend(n for n in node.all_input_nodes if n is not value)
-    if value.target != operator.getitem or value.args[0].target not in _SPLITS:
+    if value.target != operator.getitem or value.args[0].target not in SPLITS:
         return Reject(f"{value.name} is not a piece of the x_proj output")
     split = value.args[0]
-    offset = _split_offset(split, value.args[1])
+    offset = split_offset(split, value.args[1])
     if offset is None:
         return Reject(f"{split.name} splits another axis than the last")
     walked.update((value, split))
@@ -138,14 +99,14 @@ def match_mamba_mixer(scan: Node) -> dict | Reject:
     if args["B"].meta["val"].dim() != 3 or args["C"].meta["val"].dim() != 3:
         return Reject("B or C is grouped (the fused op takes one B and C for every channel)")
     walked: set = {scan}
-    outputs = _getitems(scan)
+    outputs = getitems(scan)
     if 1 in outputs and outputs[1].users:
         return Reject("the scan's final state is used")
     if 0 not in outputs or len(outputs[0].users) != 1:
         return Reject("the scan's output is not read once")
     walked.update(outputs.values())
     out = next(iter(outputs[0].users))
-    if _transpose_1_2(out) is not outputs[0]:
+    if transpose_1_2(out) is not outputs[0]:
         return Reject("the scan's output is not transposed back to (b, l, d)")
     conv_out = args["u"]
     if conv_out.target != operator.getitem or conv_out.args[0].target != CONV:
@@ -154,9 +115,9 @@ def match_mamba_mixer(scan: Node) -> dict | Reject:
     conv_args = bind_arguments(conv.target, conv.args, conv.kwargs)
     if conv_args["initial_state"] is not None:
         return Reject("the conv has an initial state")
-    if 1 in _getitems(conv) and _getitems(conv)[1].users:
+    if 1 in getitems(conv) and getitems(conv)[1].users:
         return Reject("the conv's final state is used")
-    walked.update((conv, *_getitems(conv).values()))
+    walked.update((conv, *getitems(conv).values()))
     sources = {}
     for name, value in (("x", conv_args["x"]), ("z", args["z"])):
         if value is None:
@@ -168,13 +129,13 @@ def match_mamba_mixer(scan: Node) -> dict | Reject:
     if len({source for source, _ in sources.values()}) != 1:
         return Reject("x and z are not slices of one projection output")
     delta = args["delta"]
-    if delta.target != aten.matmul.default or _transpose_1_2(delta.args[1]) is None:
+    if delta.target != aten.matmul.default or transpose_1_2(delta.args[1]) is None:
         return Reject("dt is not dt_proj_weight @ dt_r^T")
     dt_proj_weight = delta.args[0]
     walked.update((delta, delta.args[1]))
     pieces = {}
     for name, transposed in (("dt", delta.args[1]), ("B", args["B"]), ("C", args["C"])):
-        value = _transpose_1_2(transposed)
+        value = transpose_1_2(transposed)
         if value is None:
             return Reject(f"{name} is not a transposed piece of the x_proj output")
         walked.add(transposed)
@@ -193,10 +154,10 @@ def match_mamba_mixer(scan: Node) -> dict | Reject:
     x_proj = projections.pop()
     if x_proj.target != aten.linear.default or len(x_proj.args) > 2 and x_proj.args[2] is not None:
         return Reject("the x_proj output is not a linear without bias")
-    if _transpose_1_2(x_proj.args[0]) is not conv_out:
+    if transpose_1_2(x_proj.args[0]) is not conv_out:
         return Reject("x_proj does not read the conv output")
     walked.update((x_proj, x_proj.args[0]))
-    inside = [n for n in walked if n.target not in _SPLITS]
+    inside = [n for n in walked if n.target not in SPLITS]
     outside = [n for n in inside if any(u not in walked and u is not out for u in n.users)]
     if outside:
         return Reject(f"{outside[0].name} is also used outside the mixer")

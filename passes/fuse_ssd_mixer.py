@@ -30,92 +30,16 @@ from ssmcc.ops import SSMCC_OPS
 from ssmcc.ops.contracts import bind_arguments
 from ssmcc.passes.dim_labels import shape
 from ssmcc.passes.rules import Reject
+from ssmcc.passes.token_layout import SPLITS, VIEWS, getitems, token_slice, transpose_1_2
 
 aten = torch.ops.aten
 SSD_SCAN, CONV, NORM = (SSMCC_OPS[k] for k in ("ssd_scan", "causal_conv1d", "rmsnorm_gated"))
 SSD_MIXER = SSMCC_OPS["ssd_mixer"]
-_VIEWS = {
-    aten.view.default,
-    aten.reshape.default,
-    aten._unsafe_view.default,
-    aten.clone.default,
-    aten.contiguous.default,
-}
-_SPLITS = {aten.split_with_sizes.default, aten.split.Tensor}
-
-
-def _same(a, b) -> bool:
-    return a is b or str(a) == str(b)
-
-
-def _last_axis(node: Node, dim) -> bool:
-    return isinstance(dim, int) and dim in (-1, len(shape(node)) - 1)
-
-
-def _split_offset(split: Node, index: int) -> int | None:
-    """The offset of piece ``index`` of a split along the last axis, or None."""
-    source, sizes = split.args[0], split.args[1]
-    dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
-    if not _last_axis(source, dim):
-        return None
-    if split.target == aten.split.Tensor:  # equal pieces of ``sizes`` each
-        return index * int(sizes)
-    return sum(int(s) for s in sizes[:index])
-
-
-def token_slice(node: Node, walked: set) -> tuple[Node, int] | Reject:
-    """(P, offset): ``node`` (b, l, ...) is ``P[..., offset : offset + width]`` viewed, P being
-    (b, l, w). Adds the nodes passed through to ``walked``."""
-    want = shape(node)
-    offset = 0
-    while True:
-        here = shape(node)
-        if len(here) < 2 or not (_same(here[0], want[0]) and _same(here[1], want[1])):
-            return Reject(f"{node.name} does not keep (batch, length) in front")
-        if node.op != "call_function":
-            break
-        if node.target in _VIEWS:
-            walked.add(node)
-            node = node.args[0]
-        elif node.target == operator.getitem and node.args[0].target in _SPLITS:
-            piece = _split_offset(node.args[0], node.args[1])
-            if piece is None:
-                return Reject(f"{node.args[0].name} splits another axis than the last")
-            walked.update((node, node.args[0]))
-            offset += piece
-            node = node.args[0].args[0]
-        elif node.target == aten.slice.Tensor and _last_axis(node.args[0], node.args[1]):
-            start = node.args[2] if len(node.args) > 2 and node.args[2] is not None else 0
-            step = node.args[4] if len(node.args) > 4 else 1
-            if not isinstance(start, int) or step != 1:
-                return Reject(f"{node.name} slices with a symbolic start or a step")
-            walked.add(node)
-            offset += start
-            node = node.args[0]
-        else:
-            break
-    if len(shape(node)) != 3:
-        return Reject(f"{node.name} is not a (batch, length, width) tensor")
-    return node, offset
-
-
-def _transpose_1_2(node) -> Node | None:
-    if not isinstance(node, Node) or node.op != "call_function":
-        return None
-    if node.target == aten.transpose.int and sorted(a % 3 for a in node.args[1:3]) == [1, 2]:
-        return node.args[0]
-    if node.target == aten.permute.default and list(node.args[1]) == [0, 2, 1]:
-        return node.args[0]
-    return None
-
-
-def _getitems(node: Node) -> dict[int, Node]:
-    return {u.args[1]: u for u in node.users if u.target == operator.getitem}
 
 
 def _norm_of(scan: Node, walked: set) -> Node | Reject:
     """The gated norm reading the scan's output through views (the only user on the way)."""
-    outputs = _getitems(scan)
+    outputs = getitems(scan)
     if 1 in outputs and outputs[1].users:
         return Reject("the scan's final state is used")
     if 0 not in outputs:
@@ -126,7 +50,7 @@ def _norm_of(scan: Node, walked: set) -> Node | Reject:
         user = next(iter(node.users))
         if user.target == NORM and user.args[0] is node:
             return user
-        if user.target not in _VIEWS:
+        if user.target not in VIEWS:
             break
         walked.add(user)
         node = user
@@ -158,7 +82,7 @@ def match_ssd_mixer(scan: Node) -> dict | Reject:
     conv_token_major = pieces["x"]
     if not (pieces["B"] is conv_token_major and pieces["C"] is conv_token_major):
         return Reject("x, B and C are not slices of one conv output")
-    conv_out = _transpose_1_2(conv_token_major)
+    conv_out = transpose_1_2(conv_token_major)
     if conv_out is None or conv_out.target != operator.getitem or conv_out.args[0].target != CONV:
         return Reject("x, B and C do not come from a causal_conv1d (transposed back)")
     conv = conv_out.args[0]
@@ -166,13 +90,13 @@ def match_ssd_mixer(scan: Node) -> dict | Reject:
     conv_args = bind_arguments(conv.target, conv.args, conv.kwargs)
     if conv_args["initial_state"] is not None:
         return Reject("the conv has an initial state")
-    if 1 in _getitems(conv) and _getitems(conv)[1].users:
+    if 1 in getitems(conv) and getitems(conv)[1].users:
         return Reject("the conv's final state is used")
-    walked.update(_getitems(conv).values())
+    walked.update(getitems(conv).values())
     channels = shape(conv_args["weight"])[0]
     if channels != inner + 2 * gn:
         return Reject(f"the conv has {channels} channels, not x, B and C ({inner + 2 * gn})")
-    conv_in = _transpose_1_2(conv_args["x"])
+    conv_in = transpose_1_2(conv_args["x"])
     if conv_in is None:
         return Reject("the conv's input is not a (b, l, c) slice transposed to (b, c, l)")
     walked.add(conv_args["x"])
@@ -188,7 +112,7 @@ def match_ssd_mixer(scan: Node) -> dict | Reject:
     if len(projections) != 1:
         return Reject("z, xBC and dt are not slices of one projection output")
     # a split may also feed pieces the mixer does not read (it stays for them)
-    inside = [n for n in walked if n.target not in _SPLITS]
+    inside = [n for n in walked if n.target not in SPLITS]
     outside = [n for n in inside if any(u not in walked and u is not norm for u in n.users)]
     if outside:
         return Reject(f"{outside[0].name} is also used outside the mixer")
