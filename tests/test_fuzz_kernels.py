@@ -1,7 +1,9 @@
 """Differential fuzzing of every op on every path against a float64 oracle (``fuzzing.py``).
 
-Default run: 200 seeded cases per op; ``slow``: 2,000 more per op (CI runs both). A failure the
-fuzzer found is kept in ``FOUND`` as a regular test.
+Default run: 200 seeded cases per op; ``slow``: 2,000 more per op, 500 more for the fused mixers,
+whose parts are the ops fuzzed 2,200 times each (their own code is the composition: layouts,
+strides, the projections between the parts). CI runs both. A failure the fuzzer found is kept in
+``FOUND`` as a regular test.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from . import fuzzing
 
 DEFAULT_CASES = 200
 SLOW_CASES = 2000
+FUSED_SLOW_CASES = 500
+FUSED = {"ssd_mixer", "ssd_mixer_step", "mamba_mixer", "mamba_mixer_step"}
 # (op, seed) cases the fuzzer found failing, kept as regular tests. All mix B and C group counts:
 # the kernels before the input-contract fix read C with B's groups (scan seed 2 returned 1.7e38,
 # seed 16 NaN; the state update's C++ kernel was wrong on seeds 0 and 6).
@@ -44,7 +48,8 @@ def test_fuzz(op, path):
 @pytest.mark.parametrize("path", fuzzing.PATHS)
 @pytest.mark.parametrize("op", fuzzing.OPS)
 def test_fuzz_long_run(op, path):
-    _run(op, path, range(DEFAULT_CASES, DEFAULT_CASES + SLOW_CASES))
+    extra = FUSED_SLOW_CASES if op in FUSED else SLOW_CASES
+    _run(op, path, range(DEFAULT_CASES, DEFAULT_CASES + extra))
 
 
 @pytest.mark.parametrize("op,seed", FOUND)
