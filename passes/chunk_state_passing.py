@@ -121,13 +121,24 @@ def chunk_state_passing(program: ExportedProgram, ctx: PassContext) -> PassResul
     else:
         hits["head_on_last_position"] += 1
     ids_example = torch.zeros(2, 8, dtype=torch.long)
-    states = [
-        torch.zeros(2, *node.meta["val"].shape[1:], dtype=node.meta["val"].dtype)
+    values = [
+        node.meta["val"]
         for node in program.graph.nodes
         if node.op == "placeholder" and node.name in user_inputs[1:]
     ]
-    batch = Dim("batch", min=1)
-    shapes = ({0: batch, 1: Dim("seq", min=1)}, tuple({0: batch} for _ in states))
+    # A dynamic state axis is a cache's positions (all caches hold the same ones): traced at 3.
+    growing = [[isinstance(size, torch.SymInt) for size in v.shape[1:]] for v in values]
+    states = [
+        torch.zeros(2, *(3 if g else int(n) for g, n in zip(grow, v.shape[1:], strict=True))).to(
+            v.dtype
+        )
+        for grow, v in zip(growing, values, strict=True)
+    ]
+    batch, past = Dim("batch", min=1), Dim("past", min=0)
+    shapes = (
+        {0: batch, 1: Dim("seq", min=1)},
+        tuple({0: batch, **{1 + a: past for a, g in enumerate(grow) if g}} for grow in growing),
+    )
     exported = torch.export.export(
         _Chunk(program, None if head is None else head.name),
         (ids_example, *states),

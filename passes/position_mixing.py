@@ -49,6 +49,9 @@ def _packets(*names: str) -> set:
     return {getattr(aten, name) for name in names if hasattr(aten, name)}
 
 
+# Joins of several tensors along one dim (``concatenate`` is ``cat``'s alias).
+_JOINS = _packets("cat", "concatenate", "stack")
+
 # Layout and dtype changes: each output element is one input element of the same position.
 _LAYOUT = _packets(
     "view",
@@ -109,6 +112,7 @@ _ALONG_DIM = _packets(  # its ``dim`` argument carries positions: mixes
     "logcumsumexp",
     "sort",
     "argsort",
+    "topk",
     "select",
     "index_select",
     "gather",
@@ -260,9 +264,9 @@ def _reason(node: Node, symbol) -> str | None:
         if any(a >= _rank(first) - count for a in axes):
             return "normalises over the sequence"
         return None
-    if packet in (aten.cat, aten.stack):
-        dim = node.args[1] if len(node.args) > 1 else 0
-        rank = _rank(node) if packet == aten.cat else _rank(node) - 1
+    if packet in _JOINS:
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        rank = _rank(node) - 1 if packet == aten.stack else _rank(node)
         seqs = set().union(*(_position_axes(t, symbol) for t in node.args[0]))
         if dim % max(rank, 1) in seqs:
             return f"joins along the sequence axis ({packet.__name__})"

@@ -14,7 +14,10 @@ Two passes over a prefill program ``input_ids (b, l) -> logits (b, l, v)``:
 
 States, in graph order of the ops and slot order within one: ``layers.<i>.<kind>`` (``kind``
 from the contract's slot, ``i`` from the owning module's ``layers.<i>`` path, else the op's
-ordinal among ops of that kind); shape and dtype from the contract. Both passes re-trace the
+ordinal among ops of that kind; ``.<j>`` appended where one layer has several ops of a kind, e.g.
+Zamba's scan per head; a model-wide slot such as the position counter is just ``<kind>``); shape
+and dtype from the contract. A slot's growing axes (a K/V cache's positions) are one dynamic dim
+``past`` shared by every state, traced at 3 positions. Both passes re-trace the
 program through an FX interpreter that applies the contracts, then ``torch.export`` it with a
 dynamic batch (and, for prefill, sequence) dim, so whatever else the graph computes carries over
 unchanged. Whether that is valid (nothing else mixes positions) is checked before, by
@@ -60,13 +63,22 @@ def state_specs(program: ExportedProgram) -> list[StateSpec]:
         for slot in state_contract(node.target).slots:
             layer = layer_of(node) or f"layers.{ordinals[slot.kind]}"
             ordinals[slot.kind] += 1
+            name = f"{layer}.{slot.kind}" if slot.per_layer else slot.kind
             shape = tuple(int(size) for size in slot.shape(args))
             dtype = str(slot.dtype(args)).removeprefix("torch.")
-            specs.append(StateSpec(f"{layer}.{slot.kind}", slot.kind, shape, dtype, slot.grows))
-    names = [s.name for s in specs]
-    if len(set(names)) != len(names):  # e.g. two scans in one layer: fall back to ordinals
-        specs = [dataclasses.replace(s, name=f"ssm_op.{i}.{s.kind}") for i, s in enumerate(specs)]
+            specs.append(StateSpec(name, slot.kind, shape, dtype, slot.grows))
+    repeated = Counter(s.name for s in specs)
+    seen = Counter()
+    for i, spec in enumerate(specs):  # e.g. Zamba's scan per head: layers.<i>.<kind>.<j>
+        if repeated[spec.name] > 1:
+            specs[i] = dataclasses.replace(spec, name=f"{spec.name}.{seen[spec.name]}")
+            seen[spec.name] += 1
     return specs
+
+
+def example_state_shape(spec: StateSpec) -> tuple[int, ...]:
+    """A state's shape for tracing: growing axes at 3 (0 or 1 would be specialised)."""
+    return tuple(3 if axis in spec.grows else size for axis, size in enumerate(spec.shape))
 
 
 class _StatefulInterpreter(torch.fx.Interpreter):
@@ -113,12 +125,10 @@ def _export(program: ExportedProgram, step: bool, specs: list[StateSpec]) -> Exp
     batch = Dim("batch", min=1)
     length = 1 if step else 8
     ids = torch.zeros(2, length, dtype=torch.long)
-    states = [torch.zeros(2, *spec.shape, dtype=spec.torch_dtype) for spec in specs]
+    states = [torch.zeros(2, *example_state_shape(spec), dtype=spec.torch_dtype) for spec in specs]
     ids_shape = {0: batch} if step else {0: batch, 1: Dim("seq", min=1)}
-    state_shapes = tuple(
-        {0: batch, **{1 + axis: Dim(f"state{i}_axis{axis}", min=0) for axis in spec.grows}}
-        for i, spec in enumerate(specs)
-    )
+    past = Dim("past", min=0)  # every cache holds the same positions: one dim for all
+    state_shapes = tuple({0: batch, **{1 + axis: past for axis in spec.grows}} for spec in specs)
     return torch.export.export(
         _Stateful(program, step),
         (ids, *states),

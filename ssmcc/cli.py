@@ -63,10 +63,24 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         print(compiled.report.to_json())
     else:
         print(compiled.report.format())
+    if args.memory:
+        _print_memory_plan(compiled, args.context, args.batch)
     if args.graph:
         print()
         print(format_program(compiled.program), end="")
     return 0
+
+
+def _print_memory_plan(compiled, context: int, batch: int) -> None:
+    from ssmcc.runtime.memory_plan import MemoryPlan
+
+    if context < 1 or batch < 1:
+        raise SSMCCError(f"--context and --batch must be >= 1, got {context} and {batch}")
+    if compiled.info.get("streaming_refusal") is not None:
+        print("memory plan:    none: this program does not stream, so it carries no state")
+        return
+    for line in MemoryPlan.of(compiled.state_specs, context, batch).lines():
+        print(line)
 
 
 def _load_exported_program(path: str):
@@ -300,6 +314,17 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--verify", action="store_true", help="run the IR verifier after every pass"
     )
+    inspect.add_argument(
+        "--memory",
+        action="store_true",
+        help="also print the memory plan: SSM state bytes per sequence and K/V bytes per token "
+        "per layer kind, the total at --context/--batch as ssmcc stores it, and what a paged "
+        "hybrid cache (vLLM's rule: an attention page holds one Mamba state) would take",
+    )
+    inspect.add_argument(
+        "--context", type=int, default=4096, help="tokens per sequence for --memory (4096)"
+    )
+    inspect.add_argument("--batch", type=int, default=1, help="sequences for --memory (1)")
     inspect.set_defaults(run=_cmd_inspect)
 
     comp = commands.add_parser(

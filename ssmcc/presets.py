@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ssmcc.errors import InputError
+from ssmcc.presets_hybrid import HYBRIDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +41,12 @@ def _mamba2_config(**overrides):
     from transformers import Mamba2Config
 
     return Mamba2Config(**overrides)
+
+
+def _hybrid_config(config_class: str, **keywords):
+    import transformers
+
+    return getattr(transformers, config_class)(**keywords)
 
 
 # state-spaces/mamba2-130m: hidden 768, 24 layers, 24 heads of 64, 1 group, state 128, chunk 256.
@@ -117,6 +124,19 @@ PRESETS: dict[str, Preset] = {
         ),
     )
 }
+PRESETS.update(
+    {
+        name: Preset(
+            name,
+            description,
+            lambda config_class=config_class, keywords=keywords: _hybrid_config(
+                config_class, **keywords
+            ),
+            model_class,
+        )
+        for name, (config_class, model_class, keywords, description) in HYBRIDS.items()
+    }
+)
 
 DEFAULT_PRESET = "mamba-tiny"
 

@@ -102,7 +102,7 @@ LAYERS = [  # a module may import modules of its own layer and of the layers bef
     ("ssmcc.frontend", "ssmcc.passes", "ssmcc.kernels"),
     ("ssmcc.lowering",),
     ("ssmcc.runtime",),
-    ("ssmcc.api", "ssmcc.presets"),
+    ("ssmcc.api", "ssmcc.presets", "ssmcc.presets_hybrid"),
     ("ssmcc.cli", "ssmcc"),
 ]
 

@@ -16,6 +16,11 @@ import onnxscript
 from onnx import helper
 from onnxscript import opset18 as op
 
+from ssmcc.lowering.onnx.emitters_standard import (
+    emit_attention,
+    emit_moe_experts,
+    emit_positions,
+)
 from ssmcc.lowering.onnx.schemas import ACTIVATIONS, DOMAIN, VERSION
 from ssmcc.lowering.table import Emitter
 
@@ -526,6 +531,12 @@ ONNX_TABLE: dict[str, Emitter] = {
     ),
     "mamba_mixer_step": Emitter(
         "ssmcc.MambaMixerStep node + portable body of the ops it fuses", emit_mamba_mixer_step
+    ),
+    "attention": Emitter("standard ONNX ops (MatMul, Softmax, causal Where)", emit_attention),
+    "positions": Emitter("standard ONNX ops (Range, Add)", emit_positions),
+    "moe_experts": Emitter(
+        "standard ONNX ops (every expert on every token, weighted by the router)",
+        emit_moe_experts,
     ),
 }
 ONNX_UNSUPPORTED: dict[str, str] = {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import re
 import warnings
 
 import onnx
@@ -91,10 +92,15 @@ def _conv_widths(program: ExportedProgram) -> set[int]:
 
 
 def _rename_dims(model: onnx.ModelProto, names: dict[str, str]) -> None:
+    """Symbolic dims named as the program's inputs name them, inside expressions too
+    (``s14 + 1`` -> ``past + 1``: a K/V cache one position longer)."""
+    if not names:
+        return
+    symbol = re.compile(r"\b(" + "|".join(re.escape(n) for n in names) + r")\b")
     for value in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
         for dim in value.type.tensor_type.shape.dim:
-            if dim.dim_param in names:
-                dim.dim_param = names[dim.dim_param]
+            if dim.dim_param:
+                dim.dim_param = symbol.sub(lambda m: names[m.group(1)], dim.dim_param)
 
 
 def _share_transposed_weights(model: onnx.ModelProto) -> int:

@@ -45,16 +45,17 @@ _TYPE_NAMES = {
 
 
 def _dim_names(program) -> dict[str, str]:
-    """``input_ids`` dims -> batch, seq; every other user input's dim 0 -> batch."""
+    """``input_ids`` dims -> batch, seq; every other user input's dim 0 -> batch and any other
+    dynamic dim of a state -> past (the positions a K/V cache holds)."""
     names = {}
     user_inputs = list(program.graph_signature.user_inputs)
     for node in program.graph.nodes:
         if node.op != "placeholder" or node.name not in user_inputs:
             continue
         axes = ("batch", "seq") if node.name == user_inputs[0] else ("batch",)
-        for axis, size in enumerate(node.meta["val"].shape[: len(axes)]):
+        for axis, size in enumerate(node.meta["val"].shape):
             if isinstance(size, torch.SymInt):
-                names[str(size.node.expr)] = axes[axis]
+                names[str(size.node.expr)] = axes[axis] if axis < len(axes) else "past"
     return names
 
 

@@ -29,10 +29,15 @@ from ssmcc.lowering.torch.freeze import flatten_weight_attributes, fold_weight_e
 from ssmcc.lowering.torch.linear import route_linears
 from ssmcc.ops import SSMCC_REFERENCES, is_ssmcc_op
 
+# Ops whose PyTorch implementation is already what a kernel would do (ATen matmuls and a
+# softmax for attention, an arange for positions, per-expert matmuls over the tokens that chose
+# each expert): no C++ kernel of their own.
+ATEN_ONLY = ("attention", "positions", "moe_experts")
+
 
 def _emit(name: str, kernels: str):
     """The C++ kernel when asked for and buildable here, else the op's PyTorch reference."""
-    if kernels == "auto":
+    if kernels == "auto" and name not in ATEN_ONLY:
         from ssmcc.kernels.cpu import torch_binding
 
         if torch_binding.available():
@@ -40,9 +45,15 @@ def _emit(name: str, kernels: str):
     return SSMCC_REFERENCES[name]
 
 
+def _kernel_description(name: str) -> str:
+    if name in ATEN_ONLY:
+        return "the op's PyTorch implementation (ATen)"
+    return "C++ (kernels/cpu, OpenMP) when a compiler is found, else the PyTorch reference"
+
+
 TORCH_TABLE: dict[str, Emitter] = {
     name: Emitter(
-        kernel="C++ (kernels/cpu, OpenMP) when a compiler is found, else the PyTorch reference",
+        kernel=_kernel_description(name),
         emit=lambda node, kernels, name=name: _emit(name, kernels),
     )
     for name in SSMCC_REFERENCES

@@ -29,15 +29,21 @@ REPORT_KEY = "ssmcc.capture_report"
 class CausalLMLogits(nn.Module):
     """``input_ids (batch, seq) -> logits (batch, seq, vocab)`` for a Hugging Face model.
 
-    Without an LM head the last hidden state is returned instead of logits.
+    Without an LM head the last hidden state is returned instead of logits. With
+    ``feeds_positions`` (routed attention layers) the model is given ``position_ids`` from
+    ``ssmcc.positions``, which the stateful programs continue across calls.
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, feeds_positions: bool = False):
         super().__init__()
         self.model = model
+        self.feeds_positions = feeds_positions
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        out = self.model(input_ids=input_ids, use_cache=False, return_dict=True)
+        extra = {}
+        if self.feeds_positions:
+            extra["position_ids"] = torch.ops.ssmcc.positions(input_ids)[0]
+        out = self.model(input_ids=input_ids, use_cache=False, return_dict=True, **extra)
         logits = getattr(out, "logits", None)
         return logits if logits is not None else out.last_hidden_state
 
@@ -78,9 +84,11 @@ def tracing_example_batch(input_ids: torch.Tensor) -> torch.Tensor:
     return input_ids.repeat(2, 1) if input_ids.shape[0] < 2 else input_ids
 
 
-def _export_token_model(model: nn.Module, example: torch.Tensor) -> ExportedProgram:
+def _export_token_model(
+    model: nn.Module, example: torch.Tensor, feeds_positions: bool = False
+) -> ExportedProgram:
     batch, seq = Dim("batch", min=1), Dim("seq", min=1)
-    wrapper = CausalLMLogits(model)
+    wrapper = CausalLMLogits(model, feeds_positions)
     return torch.export.export(
         wrapper, (example,), dynamic_shapes={"input_ids": {0: batch, 1: seq}}, strict=False
     )
@@ -176,7 +184,7 @@ def capture_with_report(
             if hf and dynamic and not route:
                 program = _export_token_model_unrouted(model, tracing_example_batch(ids))
             elif hf and dynamic:
-                program = _export_token_model(model, tracing_example(ids))
+                program = _export_token_model(model, tracing_example(ids), routing.feeds_positions)
             elif hf:
                 program = torch.export.export(CausalLMLogits(model), (ids,), strict=False)
             else:

@@ -1,4 +1,5 @@
-"""Routing of Hugging Face Mamba-1 mixers (Mamba, FalconMamba) to the ssmcc ops.
+"""Routing of Hugging Face Mamba-1 mixers (Mamba, FalconMamba, and the Mamba layers of the hybrids
+Jamba and Zamba) to the ssmcc ops.
 
 transformers' Mamba-1 mixers call module-level functions at call time. Capture runs the
 whole-sequence (no cache) path, which calls ``causal_conv1d_fn`` and ``mamba_selective_scan``;
@@ -60,6 +61,18 @@ ROUTES = (
         name="hf-falcon-mamba",
         module="transformers.models.falcon_mamba.modeling_falcon_mamba",
         mixer_classes=("FalconMambaMixer",),
+        replacements=_REPLACEMENTS,
+    ),
+    Route(
+        name="hf-jamba",
+        module="transformers.models.jamba.modeling_jamba",
+        mixer_classes=("JambaMambaMixer",),
+        replacements=_REPLACEMENTS,
+    ),
+    Route(
+        name="hf-zamba",
+        module="transformers.models.zamba.modeling_zamba",
+        mixer_classes=("ZambaMambaMixer",),
         replacements=_REPLACEMENTS,
     ),
 )

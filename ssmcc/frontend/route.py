@@ -18,15 +18,23 @@ class Route:
     module: str
     mixer_classes: tuple[str, ...]
     replacements: Mapping[str, Callable]  # module attribute (or Class.method) -> replacement
+    attention_classes: tuple[str, ...] = ()  # routed attention: positions come from ssmcc
 
 
 @dataclasses.dataclass
 class RoutingRecord:
-    """What routing found and did: the routes used, the SSM layers, routed calls by op name."""
+    """What routing found and did: the routes used, the SSM and attention layers, routed calls by
+    op name."""
 
     routes: list[str] = dataclasses.field(default_factory=list)
     layers: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     calls: Counter = dataclasses.field(default_factory=Counter)
+    attention_layers: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+
+    @property
+    def feeds_positions(self) -> bool:
+        """Routed attention layers read positions from ``ssmcc.positions``."""
+        return bool(self.attention_layers)
 
 
 ACTIVE_ROUTINGS: list[RoutingRecord] = []

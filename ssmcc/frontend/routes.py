@@ -18,12 +18,12 @@ from collections.abc import Iterator
 
 from torch import nn
 
-from ssmcc.frontend import hf_mamba1, hf_mamba2
+from ssmcc.frontend import hf_attention, hf_mamba1, hf_mamba2, hf_moe
 from ssmcc.frontend.route import ACTIVE_ROUTINGS, Route, RoutingRecord
 
 
 def known_routes() -> tuple[Route, ...]:
-    return hf_mamba1.ROUTES + hf_mamba2.ROUTES
+    return hf_mamba1.ROUTES + hf_mamba2.ROUTES + hf_attention.ROUTES + hf_moe.ROUTES
 
 
 def routes_for(model: nn.Module) -> list[Route]:
@@ -42,11 +42,26 @@ def ssm_layers(model: nn.Module, routes: list[Route]) -> list[tuple[str, str]]:
     ]
 
 
+def attention_layers(model: nn.Module, routes: list[Route]) -> list[tuple[str, str]]:
+    """(qualified name, class name) of every submodule that is a routed attention layer."""
+    return [
+        (name, type(module).__name__)
+        for name, module in model.named_modules()
+        for route in routes
+        if type(module).__module__ == route.module
+        and type(module).__name__ in route.attention_classes
+    ]
+
+
 @contextlib.contextmanager
 def routed(model: nn.Module) -> Iterator[RoutingRecord]:
     """Install the model's routes for the duration of the block; always restore the originals."""
     routes = routes_for(model)
-    record = RoutingRecord(routes=[r.name for r in routes], layers=ssm_layers(model, routes))
+    record = RoutingRecord(
+        routes=[r.name for r in routes],
+        layers=ssm_layers(model, routes),
+        attention_layers=attention_layers(model, routes),
+    )
     saved: list[tuple[object, str, object]] = []
     ACTIVE_ROUTINGS.append(record)
     try:

@@ -6,6 +6,7 @@ registers the ops as ``torch.ops.ssmcc.<name>``. Backends register kernels again
 package imports no pass, lowering or kernel.
 """
 
+from ssmcc.ops.attention import attention, attention_ref
 from ssmcc.ops.causal_conv1d import (
     causal_conv1d,
     causal_conv1d_ref,
@@ -18,6 +19,8 @@ from ssmcc.ops.mamba_mixer import (
     mamba_mixer_step,
     mamba_mixer_step_ref,
 )
+from ssmcc.ops.moe_experts import moe_experts, moe_experts_ref
+from ssmcc.ops.positions import positions, positions_ref
 from ssmcc.ops.rmsnorm_gated import rmsnorm_gated, rmsnorm_gated_ref
 from ssmcc.ops.selective_scan import selective_scan, selective_scan_ref
 from ssmcc.ops.selective_state_update import selective_state_update, selective_state_update_ref
@@ -38,6 +41,9 @@ SSMCC_OPS = {
     "ssd_mixer_step": ssd_mixer_step._opoverload,
     "mamba_mixer": mamba_mixer._opoverload,
     "mamba_mixer_step": mamba_mixer_step._opoverload,
+    "attention": attention._opoverload,
+    "positions": positions._opoverload,
+    "moe_experts": moe_experts._opoverload,
 }
 # Each op's pure-PyTorch reference: the oracle, and the fallback wherever no kernel runs.
 SSMCC_REFERENCES = {
@@ -52,6 +58,9 @@ SSMCC_REFERENCES = {
     "ssd_mixer_step": ssd_mixer_step_ref,
     "mamba_mixer": mamba_mixer_ref,
     "mamba_mixer_step": mamba_mixer_step_ref,
+    "attention": attention_ref,
+    "positions": positions_ref,
+    "moe_experts": moe_experts_ref,
 }
 
 
@@ -61,6 +70,12 @@ def is_ssmcc_op(target) -> bool:
 
 
 __all__ = [
+    "attention",
+    "attention_ref",
+    "moe_experts",
+    "moe_experts_ref",
+    "positions",
+    "positions_ref",
     "mamba_mixer",
     "mamba_mixer_ref",
     "mamba_mixer_step",

@@ -11,7 +11,10 @@ state and its SSM state):
 - ``shape(args)``: the state's shape without the batch dim, from the op's inputs (their metadata
   when tracing), and ``dtype(args)``: its dtype;
 - ``grows``: the state axes (batch excluded) that grow with the sequence (a K/V cache grows by one
-  position per token; an SSM or conv state never grows: ``()``);
+  position per token; an SSM or conv state never grows: ``()``); a growing axis has size 0 in
+  ``shape`` (a new sequence has no cached position);
+- ``per_layer``: False for a state of the whole model (the position counter), named ``<kind>``
+  rather than ``layers.<i>.<kind>``;
 
 and for the op as a whole:
 
@@ -47,6 +50,7 @@ class StateSlot:
     shape: Callable[[dict], tuple]
     dtype: Callable[[dict], torch.dtype]
     grows: tuple[int, ...] = ()
+    per_layer: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,9 +70,10 @@ def single_state(
     step: Callable[..., tuple],
     step_op: str,
     grows: tuple[int, ...] = (),
+    per_layer: bool = True,
 ) -> StateContract:
     """The contract of an op carrying one state; its ``step(state, **args)`` takes it alone."""
-    slot = StateSlot(kind, state_arg, state_output, shape, dtype, grows)
+    slot = StateSlot(kind, state_arg, state_output, shape, dtype, grows, per_layer)
     return StateContract((slot,), lambda states, **args: step(states[0], **args), step_op)
 
 

@@ -1,0 +1,114 @@
+"""ONNX emitters for the ops of hybrid models' non-SSM layers, in standard ONNX ops:
+``ssmcc.attention``, ``ssmcc.positions`` and ``ssmcc.moe_experts``.
+
+None needs a custom node: attention is matrix products and a softmax that every runtime has
+kernels for, positions a ``Range``, the experts matrix products. So a hybrid model's artifact runs
+in stock ONNX Runtime (and OpenVINO) with or without the ssmcc library, which makes only its SSM
+nodes faster.
+
+Attention (shapes and math in ``ssmcc.ops.attention``), with ``K = Concat(past_key, key)``::
+
+    scores  = MatMul(query as (b, g, h/g*l, d), K^T) * scale        -> (b, h, l, p+l)
+    scores  = Where(j <= p + i, scores, -inf)                          causal, past included
+    out     = MatMul(Softmax(scores) as (b, g, h/g*l, p+l), V)      -> (b, h, l, e)
+
+in float32, the output cast like the query; the caches ``K``/``V`` are the op's other outputs.
+
+Experts (math in ``ssmcc.ops.moe_experts``) are computed densely: every expert on every token,
+then weighted by the router's choice scattered to (t, E) — zeros for the experts a token did not
+choose — and summed over experts. That is E/k times the work of the chosen experts alone: the
+portable form, correct in any runtime; a grouped kernel is the ssmcc library's to add.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import helper
+from onnxscript import opset18 as op
+
+_MINUS_INF = helper.make_tensor("value", onnx.TensorProto.FLOAT, [], [float("-inf")])
+_INT_ZERO = helper.make_tensor("value", onnx.TensorProto.INT64, [1], [0])
+_FLOAT_ZERO = helper.make_tensor("value", onnx.TensorProto.FLOAT, [1], [0.0])
+
+
+def _dim(tensor, axis: int):
+    return op.Shape(tensor, start=axis, end=axis + 1)
+
+
+def _scalar(dim):
+    return op.Squeeze(dim, [0])
+
+
+def emit_attention(query, key, value, scale, past_key=None, past_value=None):
+    if past_key is None:
+        keys, values = op.Identity(key), op.Identity(value)
+    else:
+        keys = op.Concat(past_key, key, axis=2)
+        values = op.Concat(past_value, value, axis=2)
+    batch, heads, length = _dim(query, 0), _dim(query, 1), _dim(query, 2)
+    kv_heads, total = _dim(key, 1), _dim(keys, 2)
+    minus_one = op.Constant(value_ints=[-1])
+    grouped = op.Reshape(
+        op.Cast(query, to=onnx.TensorProto.FLOAT),
+        op.Concat(batch, kv_heads, minus_one, _dim(query, 3), axis=0),
+    )
+    keys_t = op.Transpose(op.Cast(keys, to=onnx.TensorProto.FLOAT), perm=[0, 1, 3, 2])
+    scores = op.Mul(op.MatMul(grouped, keys_t), op.Constant(value_float=float(scale)))
+    scores = op.Reshape(scores, op.Concat(batch, heads, length, total, axis=0))
+    past = op.Sub(total, length)
+    rows = op.Add(op.Unsqueeze(op.Range(0, _scalar(length), 1), [1]), past)  # (l, 1)
+    visible = op.LessOrEqual(op.Range(0, _scalar(total), 1), rows)  # (l, p+l)
+    scores = op.Where(visible, scores, op.Constant(value=_MINUS_INF))
+    weights = op.Reshape(
+        op.Softmax(scores, axis=-1), op.Concat(batch, kv_heads, minus_one, total, axis=0)
+    )
+    out = op.MatMul(weights, op.Cast(values, to=onnx.TensorProto.FLOAT))
+    out = op.Reshape(out, op.Concat(batch, heads, length, _dim(value, 3), axis=0))
+    return op.CastLike(out, query), keys, values
+
+
+def emit_positions(input_ids, past_count=None):
+    batch, length = _dim(input_ids, 0), _dim(input_ids, 1)
+    if past_count is None:
+        past_count = op.ConstantOfShape(
+            op.Concat(batch, op.Constant(value_ints=[1]), axis=0), value=_INT_ZERO
+        )
+    offsets = op.Unsqueeze(op.Range(0, _scalar(length), 1), [0])  # (1, l)
+    return op.Add(past_count, offsets), op.Add(past_count, length)
+
+
+def _activate(x, activation: str):
+    if activation == "silu":
+        return op.Mul(x, op.Sigmoid(x))
+    if activation == "gelu":
+        return op.Mul(op.Mul(x, 0.5), op.Add(op.Erf(op.Mul(x, 0.7071067811865476)), 1.0))
+    if activation == "gelu_tanh":
+        cube = op.Mul(op.Mul(x, x), x)
+        inner = op.Mul(op.Add(x, op.Mul(cube, 0.044715)), 0.7978845608028654)
+        return op.Mul(op.Mul(x, 0.5), op.Add(op.Tanh(inner), 1.0))
+    if activation == "relu":
+        return op.Relu(x)
+    return op.Mul(op.Relu(x), op.Relu(x))  # relu2
+
+
+def emit_moe_experts(hidden, top_k_index, top_k_weights, up, down, activation="silu", gated=True):
+    x = op.Unsqueeze(op.Cast(hidden, to=onnx.TensorProto.FLOAT), [0])  # (1, t, d)
+    up_t = op.Transpose(op.Cast(up, to=onnx.TensorProto.FLOAT), perm=[0, 2, 1])  # (E, d, u)
+    projected = op.MatMul(x, up_t)  # (E, t, u)
+    if gated:
+        width = _dim(down, 2)
+        gate = op.Slice(projected, op.Constant(value_ints=[0]), width, [2])
+        value = op.Slice(projected, width, op.Constant(value_ints=[2**62]), [2])
+        active = op.Mul(_activate(gate, activation), value)
+    else:
+        active = _activate(projected, activation)
+    down_t = op.Transpose(op.Cast(down, to=onnx.TensorProto.FLOAT), perm=[0, 2, 1])  # (E, i, d)
+    outputs = op.MatMul(active, down_t)  # (E, t, d)
+    dense = op.ScatterElements(
+        op.ConstantOfShape(op.Concat(_dim(top_k_index, 0), _dim(up, 0), axis=0), value=_FLOAT_ZERO),
+        op.Cast(top_k_index, to=onnx.TensorProto.INT64),
+        op.Cast(top_k_weights, to=onnx.TensorProto.FLOAT),
+        axis=1,
+    )  # (t, E)
+    weights = op.Unsqueeze(op.Transpose(dense, perm=[1, 0]), [2])  # (E, t, 1)
+    return op.CastLike(op.ReduceSum(op.Mul(outputs, weights), [0], keepdims=0), hidden)

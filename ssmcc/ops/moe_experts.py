@@ -1,0 +1,138 @@
+"""``ssmcc::moe_experts`` — the experts of a mixture-of-experts block, given the router's choice.
+
+Shapes (t = tokens, k = experts per token, E = experts, d = hidden, i = expert width)::
+
+    moe_experts(hidden (t, d), top_k_index (t, k) int64, top_k_weights (t, k),
+                up (E, u, d), down (E, d, i), activation, gated) -> out (t, d) dtype of hidden
+
+with ``u = 2i`` when ``gated`` (the rows ``[gate; up]`` stacked) and ``u = i`` otherwise.
+
+Math, for token ``t`` and its chosen experts ``e_j`` with weights ``w_j``::
+
+    a_j   = act(G_j x_t) * (U_j x_t)      gated:      [G_j; U_j] = up[e_j]
+    a_j   = act(up[e_j] x_t)              not gated
+    out_t = sum_j w_j * down[e_j] a_j
+
+in float32, rounded once to the hidden dtype. ``act`` is one of ``ACTIVATIONS`` (``relu2`` is
+relu squared, NemotronH's). The router (a linear layer, softmax and top-k) stays ATen in the
+program; this op takes its decisions, so it does not sort or group tokens in the graph — the
+data-dependent grouping happens inside the op — and each token's output depends on that token
+alone (it is position-wise: the step program calls it on one token).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ssmcc.ops._shapes import expect, expect_rank
+from ssmcc.ops.contracts import register_positionwise
+
+OP = "moe_experts"
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu", "relu2")
+
+
+def activate(x: Tensor, activation: str) -> Tensor:
+    if activation == "silu":
+        return F.silu(x)
+    if activation == "gelu":
+        return F.gelu(x)
+    if activation == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if activation == "relu":
+        return F.relu(x)
+    return F.relu(x).square()
+
+
+def check_moe_experts_args(hidden, top_k_index, top_k_weights, up, down, activation, gated):
+    expect_rank(OP, "hidden", hidden, (2,), "(tokens, hidden)")
+    expect_rank(OP, "up", up, (3,), "(experts, up_rows, hidden)")
+    expect_rank(OP, "down", down, (3,), "(experts, hidden, width)")
+    expect(
+        activation in ACTIVATIONS,
+        OP,
+        f"activation must be one of {ACTIVATIONS}, got {activation!r}",
+    )
+    tokens, dim = hidden.shape
+    experts, width = down.shape[0], down.shape[2]
+    expect(
+        top_k_index.dim() == 2 and top_k_index.shape[0] == tokens,
+        OP,
+        f"top_k_index must have shape (tokens, k) = ({tokens}, k), got {tuple(top_k_index.shape)}",
+    )
+    expect(
+        not top_k_index.dtype.is_floating_point,
+        OP,
+        f"top_k_index must be an integer tensor, got {top_k_index.dtype}",
+    )
+    expect(
+        tuple(top_k_weights.shape) == tuple(top_k_index.shape),
+        OP,
+        f"top_k_weights must have the shape of top_k_index {tuple(top_k_index.shape)}, got "
+        f"{tuple(top_k_weights.shape)}",
+    )
+    rows = 2 * width if gated else width
+    expect(
+        tuple(up.shape) == (experts, rows, dim),
+        OP,
+        f"up must have shape (experts, {'2*width' if gated else 'width'}, hidden) = "
+        f"({experts}, {rows}, {dim}), got {tuple(up.shape)}",
+    )
+    expect(
+        tuple(down.shape) == (experts, dim, width),
+        OP,
+        f"down must have shape (experts, hidden, width) = ({experts}, {dim}, {width}), got "
+        f"{tuple(down.shape)}",
+    )
+
+
+def moe_experts_ref(
+    hidden: Tensor,
+    top_k_index: Tensor,
+    top_k_weights: Tensor,
+    up: Tensor,
+    down: Tensor,
+    activation: str = "silu",
+    gated: bool = True,
+) -> Tensor:
+    """Reference: per expert, the tokens that chose it, two products, a weighted scatter-add."""
+    check_moe_experts_args(hidden, top_k_index, top_k_weights, up, down, activation, gated)
+    out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+    x = hidden.float()
+    for expert in torch.unique(top_k_index).tolist():
+        if not 0 <= expert < up.shape[0]:
+            continue  # an index outside the experts (expert parallelism's sentinel) adds nothing
+        tokens, slot = torch.where(top_k_index == expert)
+        projected = x[tokens] @ up[expert].float().T
+        if gated:
+            gate, value = projected.chunk(2, dim=-1)
+            active = activate(gate, activation) * value
+        else:
+            active = activate(projected, activation)
+        weight = top_k_weights[tokens, slot].float()[:, None]
+        out.index_add_(0, tokens, (active @ down[expert].float().T) * weight)
+    return out.to(hidden.dtype)
+
+
+@torch.library.custom_op("ssmcc::moe_experts", mutates_args=())
+def moe_experts(
+    hidden: Tensor,
+    top_k_index: Tensor,
+    top_k_weights: Tensor,
+    up: Tensor,
+    down: Tensor,
+    activation: str = "silu",
+    gated: bool = True,
+) -> Tensor:
+    """The chosen experts' outputs, weighted and summed per token."""
+    return moe_experts_ref(hidden, top_k_index, top_k_weights, up, down, activation, gated)
+
+
+@moe_experts.register_fake
+def _moe_experts_fake(hidden, top_k_index, top_k_weights, up, down, activation="silu", gated=True):
+    check_moe_experts_args(hidden, top_k_index, top_k_weights, up, down, activation, gated)
+    return hidden.new_empty(hidden.shape)
+
+
+register_positionwise(moe_experts)

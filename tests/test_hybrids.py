@@ -1,0 +1,141 @@
+"""Hybrid models end to end: attention (``ssmcc.attention`` with its K/V cache as state, rotary
+positions from ``ssmcc.positions``) beside Mamba-1/Mamba-2 layers and MLPs, for every hybrid
+family ssmcc captures (``ssmcc.presets_hybrid``): logits against HF eager, prefill + steps and
+chunked prefill against one prefill, greedy generation against HF, on the torch and ONNX targets.
+
+Tolerance: logits within 1e-4 of HF eager (fp32). Greedy generation is compared with greedy
+decoding by HF's full forward over the growing sequence (no cache): HF's own cached decode is
+compared with it too, in ``test_hf_cached_decode_agrees_with_its_full_forward``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ssmcc
+from ssmcc.presets_hybrid import HYBRIDS
+
+TOLERANCE = 1e-4
+# The default run covers Mamba-1 + attention + MoE (Jamba) and Mamba-2 + rotary attention + MoE +
+# muP multipliers (GraniteMoeHybrid); the other families run with the slow tests.
+DEFAULT_FAMILIES = ("jamba-tiny", "granite-hybrid-tiny")
+FAMILIES = [
+    name if name in DEFAULT_FAMILIES else pytest.param(name, marks=pytest.mark.slow)
+    for name in HYBRIDS
+]
+
+
+def hybrid(name: str, seed: int = 0):
+    """The preset's model with random A_log, D and dt bias (so every scan term matters)."""
+    import transformers
+
+    config_class, model_class, keywords, _ = HYBRIDS[name]
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        config = getattr(transformers, config_class)(**keywords)
+        model = getattr(transformers, model_class)(config)
+        for param_name, param in model.named_parameters():
+            if param_name.endswith(("A_log", ".D", "dt_proj.bias", "dt_bias")):
+                param.data.uniform_(-1.0, 1.0)
+    return model.eval()
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(ids, use_cache=False).logits
+
+
+def _greedy_by_full_forward(model, prompt, new_tokens):
+    ids = prompt
+    for _ in range(new_tokens):
+        ids = torch.cat([ids, _logits(model, ids)[:, -1].argmax(-1, keepdim=True)], 1)
+    return ids
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request):
+    model = hybrid(request.param)
+    return (
+        request.param,
+        model,
+        {
+            "torch": ssmcc.compile(model, target="torch"),
+            "onnx": ssmcc.compile(model, target="onnx"),
+        },
+    )
+
+
+def test_every_layer_kind_becomes_an_ssmcc_op(family):
+    name, model, compiled = family
+    ops = compiled["torch"].report.op_counts
+    assert ops.get("attention", 0) >= 1 and ops.get("positions", 0) <= 1
+    assert ops.get("ssd_mixer", 0) + ops.get("selective_scan", 0) + ops.get("mamba_mixer", 0) >= 2
+    assert compiled["torch"].report.streaming == "yes"
+    specs = {s.kind for s in compiled["torch"].state_specs}
+    assert {"key", "value", "conv_state", "ssm_state"} <= specs
+
+
+@pytest.mark.parametrize("target", ["torch", "onnx"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("length", [1, 7, 37, 300])
+def test_logits_match_hf(family, target, batch, length):
+    _, model, compiled = family
+    ids = torch.randint(0, model.config.vocab_size, (batch, length))
+    assert (compiled[target](ids) - _logits(model, ids)).abs().max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("target", ["torch", "onnx"])
+def test_prefill_then_steps_equals_prefill(family, target):
+    _, model, compiled = family
+    ids = torch.randint(0, model.config.vocab_size, (3, 40))
+    full, full_state = compiled[target].prefill(ids)
+    logits, state = compiled[target].prefill(ids[:, :23])
+    for t in range(23, 40):
+        logits, state = compiled[target].step(ids[:, t], state)
+    assert (logits - full[:, -1]).abs().max() <= TOLERANCE
+    for name, tensor in full_state.items():
+        assert state[name].shape == tensor.shape, name
+        assert (state[name].float() - tensor.float()).abs().max() <= TOLERANCE, name
+
+
+@pytest.mark.parametrize("target", ["torch", "onnx"])
+@pytest.mark.parametrize("chunk", [7, 96])
+def test_chunked_prefill_equals_unchunked(family, target, chunk):
+    _, model, compiled = family
+    ids = torch.randint(0, model.config.vocab_size, (2, 200))
+    expected = _logits(model, ids)
+    logits, state = compiled[target].prefill(ids, chunk_size=chunk)
+    assert (logits - expected).abs().max() <= TOLERANCE
+    last, _ = compiled[target].prefill(ids, chunk_size=chunk, last_only=True)
+    assert (last - expected[:, -1]).abs().max() <= TOLERANCE
+    caches = [tensor for name, tensor in state.items() if name.endswith((".key", ".value"))]
+    assert caches and all(cache.shape[2] == 200 for cache in caches)
+
+
+@pytest.mark.parametrize("target", ["torch", "onnx"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_generation_matches_hf(family, target, batch):
+    _, model, compiled = family
+    prompt = torch.randint(
+        0, model.config.vocab_size, (batch, 9), generator=torch.Generator().manual_seed(batch)
+    )
+    expected = _greedy_by_full_forward(model, prompt, 32)
+    assert torch.equal(compiled[target].generate(prompt, 32), expected)
+
+
+@pytest.mark.parametrize("name", ["jamba-tiny", "nemotron-h-tiny"])
+def test_onnx_artifact_runs_in_stock_onnxruntime(name, tmp_path):
+    """The saved artifact, opened without the ssmcc library (every ssmcc node runs its portable
+    body), at lengths 1, 37 and 300 from the same graph files; and streams."""
+    model = hybrid(name)
+    folder = str(tmp_path / "artifact")
+    ssmcc.compile(model, target="onnx").save(folder)
+    stock = ssmcc.load(folder, kernels="reference")
+    for length in (1, 37, 300):
+        ids = torch.randint(0, model.config.vocab_size, (2, length))
+        assert (stock(ids) - _logits(model, ids)).abs().max() <= TOLERANCE, length
+    ids = torch.randint(0, model.config.vocab_size, (2, 40))
+    logits, state = stock.prefill(ids[:, :39])
+    step, _ = stock.step(ids[:, 39], state)
+    assert (step - _logits(model, ids)[:, -1]).abs().max() <= TOLERANCE
