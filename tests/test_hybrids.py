@@ -4,8 +4,9 @@ family ssmcc captures (``ssmcc.presets_hybrid``): logits against HF eager, prefi
 chunked prefill against one prefill, greedy generation against HF, on the torch and ONNX targets.
 
 Tolerance: logits within 1e-4 of HF eager (fp32). Greedy generation is compared with greedy
-decoding by HF's full forward over the growing sequence (no cache): HF's own cached decode is
-compared with it too, in ``test_hf_cached_decode_agrees_with_its_full_forward``.
+decoding by HF's full forward over the growing sequence (no cache), the oracle HF's own cached
+``generate`` is meant to equal: it does for these configs except NemotronH at batch 3, where HF's
+cached decode drifts from its full forward (checked by hand on 2026-12-02, transformers 5.24).
 """
 
 from __future__ import annotations
