@@ -208,24 +208,34 @@ def prepare_ssmcc_onnx_portable(model: nn.Module, ctx: dict) -> Runner:
 
 
 def prepare_matmuls_only(model: nn.Module, ctx: dict) -> Runner:
-    """Only the model's own matmuls (every nn.Linear, LM head included) at the prefill shapes:
+    """Only the model's own matmuls (every nn.Linear, LM head included, and each MoE layer's
+    experts on k/E of the tokens each) at the prefill shapes:
     the floor a prefill implementation is compared with. They run on oneDNN where torch has it
     (as the torch target's do: MKL's sgemm is 2x slower on AMD processors, which would make the
     floor too easy), else on ``torch.matmul``."""
+    from benchmarks.model_bounds import expert_layers
     from ssmcc.lowering.torch.linear import onednn_available
 
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, nn.Linear)]
+    experts = [(up.detach(), down.detach(), k) for up, down, k in expert_layers(model)]
     onednn = onednn_available()
+
+    def linear(rows: int, weight: torch.Tensor) -> None:
+        x = torch.ones(rows, weight.shape[1])
+        if onednn:
+            torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+        else:
+            torch.matmul(x, weight.t())
 
     @torch.inference_mode()
     def prefill(ids):
         rows = ids.numel()
         for weight in weights:
-            x = torch.ones(rows, weight.shape[1])
-            if onednn:
-                torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
-            else:
-                torch.matmul(x, weight.t())
+            linear(rows, weight)
+        for up, down, k in experts:  # the k chosen experts per token, spread evenly
+            for expert in range(up.shape[0]):
+                linear(max(1, rows * k // up.shape[0]), up[expert])
+                linear(max(1, rows * k // up.shape[0]), down[expert])
 
     return Runner(
         prefill, None, {"prepare_s": 0.0, "prepare_what": "none", "runs_other_length": True}

@@ -74,6 +74,33 @@ HYBRIDS: dict[str, tuple[str, str, dict, str]] = {
         "GraniteMoeHybrid: Mamba-2 and attention (RoPE) layers, each with MoE (4 experts, top 2) "
         "and a shared expert, muP multipliers, 4 layers",
     ),
+    "granite-hybrid-200m": (
+        "GraniteMoeHybridConfig",
+        "GraniteMoeHybridForCausalLM",
+        dict(
+            vocab_size=49160,
+            hidden_size=768,
+            tie_word_embeddings=True,
+            num_hidden_layers=12,
+            layer_types=["mamba"] * 5 + ["attention"] + ["mamba"] * 5 + ["attention"],
+            num_attention_heads=12,
+            num_key_value_heads=4,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            intermediate_size=512,
+            shared_intermediate_size=1024,
+            position_embedding_type="rope",
+            mamba_n_heads=24,
+            mamba_d_head=64,
+            mamba_n_groups=1,
+            mamba_d_state=128,
+            mamba_chunk_size=256,
+            mamba_expand=2,
+        ),
+        "GraniteMoeHybrid benchmark shape: 12 layers (10 Mamba-2, 2 attention with 12 heads / 4 "
+        "K/V heads, RoPE), each with 8 experts of 512 (top 2) and a shared expert of 1024, hidden "
+        "768, vocab 49160 tied (random weights)",
+    ),
     "nemotron-h-tiny": (
         "NemotronHConfig",
         "NemotronHForCausalLM",

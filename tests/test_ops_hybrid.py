@@ -136,8 +136,8 @@ class _Experts(torch.nn.Module):
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("gated", [True, False])
 def test_moe_experts_onnx_form_in_onnxruntime(activation, gated):
-    """The dense standard-op form (every expert on every token, weighted by the scattered
-    router choice) equals the op, at a token count other than the example's."""
+    """The standard-op form (per expert: the tokens that chose it, two products, a weighted
+    scatter-add) equals the op, at a token count other than the example's."""
     module = _Experts(activation, gated).eval()
     compiled = ssmcc.compile(module, target="onnx", example_inputs=(torch.randn(7, 8),))
     hidden = torch.randn(19, 8)

@@ -535,7 +535,7 @@ ONNX_TABLE: dict[str, Emitter] = {
     "attention": Emitter("standard ONNX ops (MatMul, Softmax, causal Where)", emit_attention),
     "positions": Emitter("standard ONNX ops (Range, Add)", emit_positions),
     "moe_experts": Emitter(
-        "standard ONNX ops (every expert on every token, weighted by the router)",
+        "standard ONNX ops (per expert: NonZero, Gather, MatMul, ScatterND add)",
         emit_moe_experts,
     ),
 }

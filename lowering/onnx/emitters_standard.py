@@ -14,10 +14,10 @@ Attention (shapes and math in ``ssmcc.ops.attention``), with ``K = Concat(past_k
 
 in float32, the output cast like the query; the caches ``K``/``V`` are the op's other outputs.
 
-Experts (math in ``ssmcc.ops.moe_experts``) are computed densely: every expert on every token,
-then weighted by the router's choice scattered to (t, E) — zeros for the experts a token did not
-choose — and summed over experts. That is E/k times the work of the chosen experts alone: the
-portable form, correct in any runtime; a grouped kernel is the ssmcc library's to add.
+Experts (math in ``ssmcc.ops.moe_experts``) are computed per expert on the tokens that chose it
+(``NonZero`` of the router's top-k indices, ``Gather``, two ``MatMul``, ``ScatterND`` add): the
+work of the chosen experts only, in standard ops. The expert loop is unrolled (about 15 nodes per
+expert per layer).
 """
 
 from __future__ import annotations
@@ -91,24 +91,46 @@ def _activate(x, activation: str):
     return op.Mul(op.Relu(x), op.Relu(x))  # relu2
 
 
-def emit_moe_experts(hidden, top_k_index, top_k_weights, up, down, activation="silu", gated=True):
-    x = op.Unsqueeze(op.Cast(hidden, to=onnx.TensorProto.FLOAT), [0])  # (1, t, d)
-    up_t = op.Transpose(op.Cast(up, to=onnx.TensorProto.FLOAT), perm=[0, 2, 1])  # (E, d, u)
-    projected = op.MatMul(x, up_t)  # (E, t, u)
+def _expert_ffn(x, up_e, down_e, width: int, activation: str, gated: bool):
+    """One expert on the rows ``x`` (n, d): up (u, d), down (d, i) -> (n, d)."""
+    projected = op.MatMul(x, op.Transpose(up_e, perm=[1, 0]))
     if gated:
-        width = _dim(down, 2)
-        gate = op.Slice(projected, op.Constant(value_ints=[0]), width, [2])
-        value = op.Slice(projected, width, op.Constant(value_ints=[2**62]), [2])
+        gate = op.Slice(
+            projected, op.Constant(value_ints=[0]), op.Constant(value_ints=[width]), [1]
+        )
+        value = op.Slice(
+            projected, op.Constant(value_ints=[width]), op.Constant(value_ints=[2 * width]), [1]
+        )
         active = op.Mul(_activate(gate, activation), value)
     else:
         active = _activate(projected, activation)
-    down_t = op.Transpose(op.Cast(down, to=onnx.TensorProto.FLOAT), perm=[0, 2, 1])  # (E, i, d)
-    outputs = op.MatMul(active, down_t)  # (E, t, d)
-    dense = op.ScatterElements(
-        op.ConstantOfShape(op.Concat(_dim(top_k_index, 0), _dim(up, 0), axis=0), value=_FLOAT_ZERO),
-        op.Cast(top_k_index, to=onnx.TensorProto.INT64),
-        op.Cast(top_k_weights, to=onnx.TensorProto.FLOAT),
-        axis=1,
-    )  # (t, E)
-    weights = op.Unsqueeze(op.Transpose(dense, perm=[1, 0]), [2])  # (E, t, 1)
-    return op.CastLike(op.ReduceSum(op.Mul(outputs, weights), [0], keepdims=0), hidden)
+    return op.MatMul(active, op.Transpose(down_e, perm=[1, 0]))
+
+
+def emit_moe_experts(hidden, top_k_index, top_k_weights, up, down, activation="silu", gated=True):
+    """Per expert (unrolled: the expert count is the weights' static dim 0): the (token, slot)
+    pairs that chose it (NonZero), those tokens' rows, the expert's two products, the router
+    weight, and a ScatterND add into the output. Every token chooses an expert at most once, so
+    one expert's scatter never adds twice to a row."""
+    x = op.Cast(hidden, to=onnx.TensorProto.FLOAT)
+    index = op.Cast(top_k_index, to=onnx.TensorProto.INT64)
+    weights = op.Cast(top_k_weights, to=onnx.TensorProto.FLOAT)
+    up_f, down_f = op.Cast(up, to=onnx.TensorProto.FLOAT), op.Cast(down, to=onnx.TensorProto.FLOAT)
+    out = op.ConstantOfShape(op.Shape(x), value=_FLOAT_ZERO)
+    for expert in range(int(up.shape[0])):
+        which = op.Constant(value_int=expert)
+        chosen = op.NonZero(op.Equal(index, which))  # (2, n): token, slot
+        tokens = op.Gather(chosen, op.Constant(value_int=0), axis=0)  # (n,)
+        weight = op.GatherND(weights, op.Transpose(chosen, perm=[1, 0]))  # (n,)
+        rows = _expert_ffn(
+            op.Gather(x, tokens, axis=0),
+            op.Gather(up_f, which, axis=0),
+            op.Gather(down_f, which, axis=0),
+            int(down.shape[2]),
+            activation,
+            gated,
+        )
+        out = op.ScatterND(
+            out, op.Unsqueeze(tokens, [1]), op.Mul(rows, op.Unsqueeze(weight, [1])), reduction="add"
+        )
+    return op.CastLike(out, hidden)

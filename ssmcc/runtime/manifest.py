@@ -30,7 +30,7 @@ from ssmcc.errors import ArtifactError
 MANIFEST = "manifest.json"
 FORMAT = "ssmcc-artifact"
 FORMAT_VERSION = 2
-STATE_DTYPES = ("float32", "bfloat16", "float16", "float64")
+STATE_DTYPES = ("float32", "bfloat16", "float16", "float64", "int64")  # int64: a counter
 STREAMING_GRAPHS = ("prefill", "chunk", "step")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
