@@ -158,3 +158,23 @@ def test_torch_artifact_round_trip_keeps_caches_and_counter(tmp_path):
     assert state["position"].flatten().tolist() == [29, 29]
     step, _ = loaded.step(ids[:, 29], state)
     assert (step - _logits(model, ids)[:, -1]).abs().max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("target", ["torch", "onnx"])
+def test_prefix_cache_restores_caches_and_counter(family, target):
+    """A prompt sharing a cached prefix restarts from its K/V caches, position counter and SSM
+    states: the same last logits and state as without the cache; an entry's bytes grow with
+    its prefix (the K/V caches), which the budget counts."""
+    _, model, compiled = family
+    ids = torch.randint(0, model.config.vocab_size, (1, 45))
+    expected, expected_state = compiled[target].prefill(ids, chunk_size=16, last_only=True)
+    cache = ssmcc.PrefixCache(64 << 20)
+    compiled[target].prefill(ids[:, :40], chunk_size=16, last_only=True, prefix_cache=cache)
+    sizes = sorted(entry.nbytes for entry in cache._entries.values())
+    assert len(sizes) == 2 and sizes[0] < sizes[1] and cache.bytes == sum(sizes)
+    logits, state = compiled[target].prefill(ids, chunk_size=16, last_only=True, prefix_cache=cache)
+    assert cache.stats["hits"] == 1
+    assert (logits - expected).abs().max() <= TOLERANCE
+    for name, tensor in expected_state.items():
+        assert state[name].shape == tensor.shape, name
+        assert (state[name].float() - tensor.float()).abs().max() <= TOLERANCE, name
