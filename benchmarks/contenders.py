@@ -270,17 +270,17 @@ def _prepare_llama_cpp(model: nn.Module, ctx: dict, outtype: str) -> Runner:
         return rows
 
     def decode_rows(spec: dict) -> list[dict]:
-        new = spec["new_tokens"]
-        entry = llama_cpp.bench(gguf, threads, 0, new, spec["repeats"])
+        new, depth = spec["new_tokens"], spec["prompt_length"]
+        entry = llama_cpp.bench(gguf, threads, 0, new, spec["repeats"], depth)
         per_token = summarize(llama_cpp.seconds_per_run(entry, 1))
         return [
             dict(
                 batch=1,
-                prompt_length=0,
+                prompt_length=depth,
                 new_tokens=new,
                 ms_per_token={k: v * 1e3 if k != "n" else v for k, v in per_token.items()},
                 tokens_per_s=invert(per_token, 1),
-                remark="llama-bench tg: generation from an empty context",
+                remark=f"llama-bench tg after {depth} tokens of context (-d {depth})",
             )
         ]
 

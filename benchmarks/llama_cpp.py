@@ -44,6 +44,22 @@ def llama_cpp_tree() -> str:
     return tree
 
 
+# transformers 5 writes a hybrid's layer_types as full_attention / linear_attention; the
+# converter of llama-cpp-python 0.3.36's tree (conversion/granite.py) looks for "attention" and
+# otherwise takes every layer for a Mamba layer (its GGUF then fails to load).
+_CONVERTER_LAYER_TYPES = {"full_attention": "attention", "linear_attention": "mamba"}
+
+
+def _layer_types_for_converter(config_path: str) -> None:
+    with open(config_path) as handle:
+        config = json.load(handle)
+    types = config.get("layer_types")
+    if isinstance(types, list) and any(t in _CONVERTER_LAYER_TYPES for t in types):
+        config["layer_types"] = [_CONVERTER_LAYER_TYPES.get(t, t) for t in types]
+        with open(config_path, "w") as handle:
+            json.dump(config, handle, indent=2)
+
+
 def convert(model: nn.Module, outtype: str) -> tuple[str, float]:
     """The GGUF file of ``model`` and the seconds the conversion took."""
     tree = llama_cpp_tree()
@@ -51,6 +67,7 @@ def convert(model: nn.Module, outtype: str) -> tuple[str, float]:
     atexit.register(shutil.rmtree, folder, True)  # the GGUF lives as long as the worker
     started = time.perf_counter()
     model.save_pretrained(os.path.join(folder, "hf"))
+    _layer_types_for_converter(os.path.join(folder, "hf", "config.json"))
     gguf = os.path.join(folder, f"model-{outtype}.gguf")
     env = dict(os.environ, PYTHONPATH=os.path.join(tree, "gguf-py"))
     done = subprocess.run(
@@ -73,11 +90,14 @@ def convert(model: nn.Module, outtype: str) -> tuple[str, float]:
     return gguf, time.perf_counter() - started
 
 
-def bench(gguf: str, threads: int, prompt: int, generate: int, repeats: int) -> dict:
-    """``llama-bench``'s JSON entry for one (prompt, generate) pair: avg_ts, samples_ts, ..."""
+def bench(
+    gguf: str, threads: int, prompt: int, generate: int, repeats: int, depth: int = 0
+) -> dict:
+    """``llama-bench``'s JSON entry for one (prompt, generate) pair: avg_ts, samples_ts, ...;
+    ``depth`` tokens of context are processed first and not timed (``-d``)."""
     tool = os.path.join(llama_cpp_tree(), "build", "bin", "llama-bench")
     command = [tool, "-m", gguf, "-t", str(threads), "-r", str(repeats), "-o", "json"]
-    command += ["-p", str(prompt), "-n", str(generate)]
+    command += ["-p", str(prompt), "-n", str(generate), "-d", str(depth)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"llama-bench failed: {done.stderr.strip()[-200:]}")
