@@ -178,3 +178,28 @@ def test_prefix_cache_restores_caches_and_counter(family, target):
     for name, tensor in expected_state.items():
         assert state[name].shape == tensor.shape, name
         assert (state[name].float() - tensor.float()).abs().max() <= TOLERANCE, name
+
+
+# mamba_ssm's bf16 tolerances for its scan tests (as test_mamba2), applied to the logits.
+BF16_TOLERANCE = dict(rtol=3e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("name", ["jamba-tiny", "granite-hybrid-tiny"])
+def test_bfloat16_hybrid_matches_hf_in_bfloat16(name):
+    """``dtype=torch.bfloat16`` on the torch target: the SSM ops compute in float32 inside, the
+    attention in float32 with bf16 caches (the key's dtype), the experts in float32; logits
+    within mamba_ssm's bf16 tolerances of HF run in bf16, and about as close to the float32
+    model as HF's own bf16 run."""
+    model = hybrid(name)
+    compiled = ssmcc.compile(model, target="torch", dtype=torch.bfloat16)
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 37), generator=torch.Generator().manual_seed(0)
+    )
+    got = compiled(ids).float()
+    hf = _logits(hybrid(name).to(torch.bfloat16), ids).float()
+    torch.testing.assert_close(got, hf, **BF16_TOLERANCE)
+    exact = _logits(model, ids)
+    assert (got - exact).abs().max() <= 1.25 * (hf - exact).abs().max()
+    caches = {s.dtype for s in compiled.state_specs if s.kind in ("key", "value")}
+    assert caches == {"bfloat16"}
+    assert compiled.generate(ids, 8).shape == (2, 45)
