@@ -112,7 +112,7 @@ def verification_errors(program: ExportedProgram) -> list[str]:
         if not _allowed_target(node.target):
             errors.append(
                 f"{node.name}: target {node.target} is not ATen, prims, ssmcc, getitem or "
-                "symbolic-size arithmetic"
+                f"symbolic-size arithmetic{_foreign_op_hint(node.target)}"
             )
             continue
         if node.target in SYMBOLIC_ARITHMETIC:
@@ -127,6 +127,19 @@ def verification_errors(program: ExportedProgram) -> list[str]:
             if mismatch:
                 errors.append(mismatch)
     return errors
+
+
+def _foreign_op_hint(target) -> str:
+    """What to do about a custom op of another library that no target can lower."""
+    namespace = getattr(target, "namespace", None)
+    if namespace == "transformers":
+        return (
+            " (a transformers custom op, e.g. its grouped experts matmul: capture with routing "
+            "on, route=True, the default, so ssmcc routes the layer that calls it)"
+        )
+    if namespace is not None:
+        return f" (a custom op of namespace {namespace!r}: no ssmcc target can lower it)"
+    return ""
 
 
 def verify_program(program: ExportedProgram, after: str = "capture") -> None:

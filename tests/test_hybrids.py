@@ -203,3 +203,10 @@ def test_bfloat16_hybrid_matches_hf_in_bfloat16(name):
     caches = {s.dtype for s in compiled.state_specs if s.kind in ("key", "value")}
     assert caches == {"bfloat16"}
     assert compiled.generate(ids, 8).shape == (2, 45)
+
+
+def test_unrouted_experts_are_named_with_what_to_do():
+    """Without routing, transformers' grouped experts op stays in the program: no target can
+    lower it, and the error says to capture with routing on."""
+    with pytest.raises(ssmcc.PassError, match=r"transformers custom op.*route=True"):
+        ssmcc.compile(hybrid("granite-hybrid-tiny"), target="torch", route=False)
