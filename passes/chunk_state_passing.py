@@ -39,6 +39,7 @@ from torch.export import Dim, ExportedProgram
 from ssmcc.errors import InputError
 from ssmcc.options import DEFAULT_CHUNK_SIZE, check_chunk_size
 from ssmcc.passes.pass_base import PassContext, PassResult
+from ssmcc.passes.scan_to_recurrent_step import PAST_EXAMPLE, past_dim
 
 PASS_NAME = "chunk_state_passing"
 
@@ -126,15 +127,17 @@ def chunk_state_passing(program: ExportedProgram, ctx: PassContext) -> PassResul
         for node in program.graph.nodes
         if node.op == "placeholder" and node.name in user_inputs[1:]
     ]
-    # A dynamic state axis is a cache's positions (all caches hold the same ones): traced at 3.
+    # A dynamic state axis is a cache's positions (all caches hold the same ones).
     growing = [[isinstance(size, torch.SymInt) for size in v.shape[1:]] for v in values]
     states = [
-        torch.zeros(2, *(3 if g else int(n) for g, n in zip(grow, v.shape[1:], strict=True))).to(
-            v.dtype
+        torch.zeros(
+            2,
+            *(PAST_EXAMPLE if g else int(n) for g, n in zip(grow, v.shape[1:], strict=True)),
+            dtype=v.dtype,
         )
         for grow, v in zip(growing, values, strict=True)
     ]
-    batch, past = Dim("batch", min=1), Dim("past", min=0)
+    batch, past = Dim("batch", min=1), past_dim()
     shapes = (
         {0: batch, 1: Dim("seq", min=1)},
         tuple({0: batch, **{1 + a: past for a, g in enumerate(grow) if g}} for grow in growing),

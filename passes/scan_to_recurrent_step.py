@@ -76,9 +76,18 @@ def state_specs(program: ExportedProgram) -> list[StateSpec]:
     return specs
 
 
+# Growing state axes (a K/V cache's positions) are traced at this size: 0 or 1 would be
+# specialised by torch.export. Every cache holds the same positions: one dim, ``past``, for all.
+PAST_EXAMPLE = 3
+
+
+def past_dim() -> Dim:
+    return Dim("past", min=0)
+
+
 def example_state_shape(spec: StateSpec) -> tuple[int, ...]:
-    """A state's shape for tracing: growing axes at 3 (0 or 1 would be specialised)."""
-    return tuple(3 if axis in spec.grows else size for axis, size in enumerate(spec.shape))
+    """A state's shape for tracing, its growing axes at ``PAST_EXAMPLE``."""
+    return tuple(PAST_EXAMPLE if a in spec.grows else size for a, size in enumerate(spec.shape))
 
 
 class _StatefulInterpreter(torch.fx.Interpreter):
@@ -127,7 +136,7 @@ def _export(program: ExportedProgram, step: bool, specs: list[StateSpec]) -> Exp
     ids = torch.zeros(2, length, dtype=torch.long)
     states = [torch.zeros(2, *example_state_shape(spec), dtype=spec.torch_dtype) for spec in specs]
     ids_shape = {0: batch} if step else {0: batch, 1: Dim("seq", min=1)}
-    past = Dim("past", min=0)  # every cache holds the same positions: one dim for all
+    past = past_dim()
     state_shapes = tuple({0: batch, **{1 + axis: past for axis in spec.grows}} for spec in specs)
     return torch.export.export(
         _Stateful(program, step),

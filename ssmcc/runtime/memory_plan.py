@@ -33,8 +33,6 @@ import math
 import re
 from collections import defaultdict
 
-import torch
-
 from ssmcc.ops.contracts import StateSpec
 
 KV_KINDS = ("key", "value")
@@ -43,8 +41,8 @@ VLLM_BLOCK_ALIGN = 16
 
 def _per_token_bytes(spec: StateSpec) -> int:
     """Bytes of one cached position (a growing spec's shape with the growing axes at 1)."""
-    shape = [1 if axis in spec.grows else size for axis, size in enumerate(spec.shape)]
-    return math.prod(shape) * torch.empty((), dtype=spec.torch_dtype).element_size()
+    shape = tuple(1 if axis in spec.grows else size for axis, size in enumerate(spec.shape))
+    return dataclasses.replace(spec, shape=shape).nbytes_per_row
 
 
 def _layer(name: str) -> str:
