@@ -153,14 +153,14 @@ def prepare_torch_onnx(model: nn.Module, ctx: dict) -> Runner:
     return Runner(prefill, None, info)
 
 
-def prepare_ssmcc_torch(model: nn.Module, ctx: dict) -> Runner:
+def prepare_ssmcc_torch(model: nn.Module, ctx: dict, quantize: str = "none") -> Runner:
     import ssmcc
 
     started = time.perf_counter()
-    compiled = ssmcc.compile(model, target="torch")
+    compiled = ssmcc.compile(model, target="torch", quantize=quantize)
     info = {
         "prepare_s": time.perf_counter() - started,
-        "prepare_what": "ssmcc.compile",
+        "prepare_what": f"ssmcc.compile(quantize={quantize!r})",
         "nodes": compiled.report.node_count,
         "runs_other_length": True,
     }
@@ -170,12 +170,14 @@ def prepare_ssmcc_torch(model: nn.Module, ctx: dict) -> Runner:
 
 
 def _prepare_ssmcc_onnx(
-    model: nn.Module, ctx: dict, kernels: str, pipeline: str = "default"
+    model: nn.Module, ctx: dict, kernels: str, pipeline: str = "default", quantize: str = "none"
 ) -> Runner:
     import ssmcc
 
     started = time.perf_counter()
-    compiled = ssmcc.compile(model, target="onnx", kernels=kernels, pipeline=pipeline)
+    compiled = ssmcc.compile(
+        model, target="onnx", kernels=kernels, pipeline=pipeline, quantize=quantize
+    )
     prepare_s = time.perf_counter() - started
     folder = tempfile.mkdtemp(prefix="bench-ssmcc-onnx-")
     compiled.save(os.path.join(folder, "artifact"))
@@ -183,7 +185,7 @@ def _prepare_ssmcc_onnx(
     manifest = loaded.manifest
     info = {
         "prepare_s": prepare_s,
-        "prepare_what": "ssmcc.compile(target='onnx')",
+        "prepare_what": f"ssmcc.compile(target='onnx', quantize={quantize!r})",
         "nodes": {name: graph["nodes"] for name, graph in manifest["graphs"].items()},
         "runs_other_length": True,
         "artifact_MB": sum(f["bytes"] for f in manifest["files"].values()) / 1e6,
@@ -340,6 +342,18 @@ CONTENDERS: dict[str, Callable[[nn.Module, dict], Runner]] = {
     "ssmcc-onnx": prepare_ssmcc_onnx,
     "ssmcc-onnx-unfused": prepare_ssmcc_onnx_unfused,
     "ssmcc-onnx-portable": prepare_ssmcc_onnx_portable,
+    # weight-only quantisation (quantize=): int8 per output channel, 16-bit float storage
+    **{
+        f"ssmcc-{target}-{scheme}": (
+            lambda model, ctx, target=target, scheme=scheme: prepare_ssmcc_torch(
+                model, ctx, quantize=scheme
+            )
+            if target == "torch"
+            else _prepare_ssmcc_onnx(model, ctx, "auto", quantize=scheme)
+        )
+        for target in ("torch", "onnx")
+        for scheme in ("int8", "bf16", "fp16")
+    },
     "matmuls-only": prepare_matmuls_only,
     "llama-cpp": lambda model, ctx: _prepare_llama_cpp(model, ctx, "f32"),
     "llama-cpp-f16": lambda model, ctx: _prepare_llama_cpp(model, ctx, "f16"),

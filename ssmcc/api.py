@@ -20,8 +20,10 @@ from ssmcc.options import COMPILE, DEFAULT_CHUNK_SIZE, DEFAULT_TARGET, LOAD, res
 from ssmcc.passes import PassContext, run_passes, verify_program
 from ssmcc.passes.pipelines import PIPELINES, pipeline
 from ssmcc.passes.program_set import ProgramSet
+from ssmcc.passes.quantize_weights import quantize_weights
 from ssmcc.runtime.artifact import read_manifest
 from ssmcc.runtime.compiled import CompiledModel
+from ssmcc.runtime.quantization_report import fixed_prompts, quantization_accuracy
 from ssmcc.runtime.report import CompileReport
 
 DEFAULT_EXAMPLE_LENGTH = 16
@@ -61,6 +63,30 @@ def compile_options(target: str, stage: str, values: dict):
         known_targets=targets,
         choices={"pipeline": tuple(PIPELINES)},
     )
+
+
+def _weight_bytes(program) -> int:
+    tensors = {**program.state_dict, **program.constants}
+    return sum(t.nbytes for t in tensors.values() if isinstance(t, torch.Tensor))
+
+
+def quantize_program(program, scheme: str, ctx: PassContext, accuracy_inputs: tuple):
+    """``quantize_weights`` over the pipeline's program, and what it did: the scheme, weights
+    stored small, bytes before/after, weights kept and why, and the accuracy against the float
+    program on ``accuracy_inputs`` (``quantization_report``)."""
+    ctx.options["quantize_weights"] = {"scheme": scheme}
+    quantized, report = run_passes(program, [quantize_weights], ctx)
+    verify_program(quantized, after="quantize_weights")
+    hits = report.records[0].stats
+    return quantized, {
+        "scheme": scheme,
+        "weights": hits.get("linear", 0) + hits.get("embedding", 0) - hits.get("tied", 0),
+        "bytes_before": _weight_bytes(program),
+        "bytes_after": _weight_bytes(quantized),
+        "kept": list(ctx.diagnostics.get("quantize_weights", [])),
+        "accuracy": quantization_accuracy(program, quantized, accuracy_inputs),
+        "records": report.records,
+    }
 
 
 def _unsupported_ops(target: str) -> dict[str, str]:
@@ -136,6 +162,11 @@ def compile(
             )
             static_length = None
     verify_program(program, after=f"pipeline {opts.pipeline}")
+    quantization = None
+    if opts.quantize != "none":
+        accuracy_inputs = (fixed_prompts(vocab_size),) if token_model else tuple(example_inputs)
+        program, quantization = quantize_program(program, opts.quantize, ctx, accuracy_inputs)
+        pipeline_report.records += quantization.pop("records")
     programs = ProgramSet(
         program, token_model=token_model, static_length=static_length, verify=opts.verify
     )
@@ -146,6 +177,7 @@ def compile(
         "ssmcc_ops": ssmcc_op_counts(program),
         "static_length": static_length,
         "streaming_refusal": programs.refusal,
+        "quantization": quantization,
     }
     report = CompileReport(
         target=opts.target,
@@ -159,6 +191,7 @@ def compile(
         findings=pass_findings(ctx.diagnostics, "detect_selective_scan"),
         not_fused=pass_findings(ctx.diagnostics, "fuse_scan_norm_mlp"),
         streaming="yes" if programs.refusal is None else f"no: {programs.refusal}",
+        quantization=quantization,
     )
     return CompiledModel(executable, opts, info, program=program, report=report)
 

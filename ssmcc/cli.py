@@ -42,7 +42,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from ssmcc.passes import format_program
     from ssmcc.presets import load_model
 
-    options = {"pipeline": args.pipeline, "verify": args.verify, "route": args.route}
+    options = {
+        "pipeline": args.pipeline,
+        "verify": args.verify,
+        "route": args.route,
+        "quantize": args.quantize,
+    }
     _check_options(DEFAULT_TARGET, options)
     started = time.perf_counter()
     _progress(f"loading {args.model}")
@@ -116,6 +121,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         "kernels": args.kernels,
         "route": args.route,
         "chunk_size": args.chunk_size,
+        "quantize": args.quantize,
         **_target_options(args, "compile"),
     }
     _check_options(args.target, options)
@@ -309,6 +315,12 @@ def build_parser() -> argparse.ArgumentParser:
         "captured program runs at any length",
     )
     _add_option(inspect, OPTIONS["pipeline"], OPTIONS["pipeline"].default, " (default default)")
+    _add_option(
+        inspect,
+        OPTIONS["quantize"],
+        OPTIONS["quantize"].default,
+        " (default none; the report then gives the logit cosine and top-1 agreement vs float)",
+    )
     inspect.add_argument("--graph", action="store_true", help="also print the program")
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.add_argument(
@@ -365,6 +377,12 @@ def build_parser() -> argparse.ArgumentParser:
         OPTIONS["chunk_size"],
         OPTIONS["chunk_size"].default,
         f" (default {OPTIONS['chunk_size'].default}; recorded in the artifact)",
+    )
+    _add_option(
+        comp,
+        OPTIONS["quantize"],
+        OPTIONS["quantize"].default,
+        " (default none; int8: a scale per output channel, int8-gN: per N inputs)",
     )
     _add_target_options(comp, COMPILE)
     comp.set_defaults(run=_cmd_compile)

@@ -11,7 +11,9 @@ Common options (every target; ``stage`` says whether ``load`` takes them too):
     dtype       the model's compute/activation dtype: None (as the model is), "float32",
                 "bfloat16", "float16" (or the torch dtype); the model is captured from a copy in
                 that dtype, the caller's model is left as it is
-    quantize    how weights are stored: "none" (as computed), "bf16", "fp16", "int8"
+    quantize    how linear and embedding weights are stored (weight-only): "none" (as computed),
+                "int8" (one scale per output channel), "int8-g32/64/128" (a scale per group of
+                inputs), "bf16", "fp16"; compute stays in ``dtype``
     verify      run the IR verifier after every pass
 
 A target adds options of its own (``Target.options``, e.g. the ONNX target's ``threads``) and says
@@ -40,7 +42,7 @@ DEFAULT_TARGET = "torch"
 DEFAULT_CHUNK_SIZE = 256
 KERNEL_CHOICES = ("auto", "reference")
 DTYPES = ("float32", "bfloat16", "float16")
-QUANTIZE = ("none", "bf16", "fp16", "int8")
+QUANTIZE = ("none", "int8", "int8-g32", "int8-g64", "int8-g128", "bf16", "fp16")
 COMPILE, LOAD = "compile", "load"
 
 
@@ -127,7 +129,10 @@ COMMON_OPTIONS: dict[str, OptionSpec] = {
             nullable=True,
         ),
         OptionSpec(
-            "quantize", "none", "how weights are stored: none, bf16, fp16, int8", choices=QUANTIZE
+            "quantize",
+            "none",
+            "how linear/embedding weights are stored (weight-only; compute stays in dtype)",
+            choices=QUANTIZE,
         ),
         OptionSpec("verify", False, "run the IR verifier after every pass", kind=bool),
     )

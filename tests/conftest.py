@@ -114,3 +114,13 @@ FAMILIES = ["mamba", pytest.param("falcon_mamba", marks=pytest.mark.slow)]
 @pytest.fixture(params=FAMILIES)
 def hf_family(request) -> str:
     return request.param
+
+
+@pytest.fixture(scope="session")
+def trained_mamba_model(request):
+    """A small byte-level Mamba trained on a short text (``tests/trained_models.py``), trained
+    once and then loaded from pytest's cache (``.pytest_cache/d/trained_mamba``)."""
+    from .trained_models import trained_mamba
+
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
+    return trained_mamba(cache.mkdir("trained_mamba") if cache is not None else None)

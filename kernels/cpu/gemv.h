@@ -20,10 +20,22 @@ struct GemvArgs {
 
 constexpr int kGemvBlock = 4;
 
+// The sum of a vector's lanes as a tree (log2 lanes dependent adds, not lanes - 1): for short
+// rows (K of a few hundred) a serial sum per output costs as much as the products.
 inline float lane_sum(gemm::vfloat v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps((__m512)v);
+#elif defined(__AVX__)
+  const __m256 x = (__m256)v;
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+#else
   float sum = 0.f;
   for (int i = 0; i < gemm::kLanes; ++i) sum += v[i];
   return sum;
+#endif
 }
 
 // Output columns [n_begin, n_end) of every row of x.

@@ -7,6 +7,8 @@ weight of a lowered program is a contiguous attribute, so nothing is copied in d
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ssmcc.kernels.cpu.native import as_f32, call_kernel, pointer
@@ -31,3 +33,16 @@ def linear_cpu(x, weight, bias=None):
         torch.get_num_threads(),
     )
     return y
+
+
+@functools.cache
+def onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def dense_linear(x, weight, bias=None):
+    """``x W^T + b`` for many rows: oneDNN (``mkldnn._linear_pointwise``, the primitive inductor's
+    CPU freezing uses; MKL's sgemm takes a slow path on AMD processors), else ``F.linear``."""
+    if onednn_available() and x.dtype == torch.float32:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return torch.nn.functional.linear(x, weight, bias)

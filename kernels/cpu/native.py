@@ -28,6 +28,8 @@ _SIGNATURES = {
     "ssmcc_ssd_mixer_f32": [_P] * 12 + [_I64] * 12 + [_I32] * 3 + [_F32] * 3 + [_I32],
     "ssmcc_ssd_mixer_step_f32": [_P] * 12 + [_I64] * 11 + [_I32] * 3 + [_F32] * 3 + [_I32],
     "ssmcc_linear_f32": [_P] * 4 + [_I64] * 3 + [_I32],
+    "ssmcc_quantized_linear": [_P, _P, _I32, _P, _P, _P] + [_I64] * 4 + [_I32],
+    "ssmcc_dequantize": [_P, _I32, _P, _P] + [_I64] * 3 + [_I32],
     "ssmcc_mamba_mixer_f32": [_P] * 13 + [_I64] * 9 + [_I32] * 3 + [_F32, _I32],
     "ssmcc_mamba_mixer_step_f32": [_P] * 13 + [_I64] * 8 + [_I32] * 3 + [_F32, _I32],
 }

@@ -14,6 +14,7 @@ import torch
 
 from ssmcc.kernels.cpu.mixer_binding import MIXER_KERNELS, MIXER_VERIFIED_KERNELS
 from ssmcc.kernels.cpu.native import as_f32, available, call_kernel, library, pointer  # noqa: F401
+from ssmcc.kernels.cpu.quantized_binding import QUANTIZED_KERNELS, QUANTIZED_VERIFIED_KERNELS
 from ssmcc.kernels.cpu.ssd_binding import SSD_KERNELS, SSD_VERIFIED_KERNELS
 from ssmcc.ops._shapes import uses_silu
 from ssmcc.ops.causal_conv1d import check_causal_conv1d_args, check_causal_conv1d_update_args
@@ -145,6 +146,7 @@ KERNELS = {
     "causal_conv1d_update": causal_conv1d_update_cpu,
     **SSD_KERNELS,
     **MIXER_KERNELS,
+    **QUANTIZED_KERNELS,
 }
 # For programs whose shapes the IR verifier already checked against the ops' fake
 # implementations (the torch lowering): no per-call Python shape checks.
@@ -155,4 +157,5 @@ VERIFIED_PROGRAM_KERNELS = {
     "causal_conv1d_update": _causal_conv1d_update,
     **SSD_VERIFIED_KERNELS,
     **MIXER_VERIFIED_KERNELS,
+    **QUANTIZED_VERIFIED_KERNELS,
 }

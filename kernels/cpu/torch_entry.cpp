@@ -11,6 +11,7 @@
 #include "contracts.h"
 #include "denormals.h"
 #include "gemv.h"
+#include "gemv_quantized.h"
 #include "mamba_mixer.h"
 #include "ssd_chunked.h"
 #include "ssd_kernels.h"
@@ -303,6 +304,80 @@ SSMCC_EXPORT int ssmcc_linear_f32(const float* x, const float* weight, const flo
       ssmcc::gemv_rows(args, b * ssmcc::kGemvBlock,
                        std::min(e * ssmcc::kGemvBlock, out_features));
     });
+  });
+}
+
+// quantized_linear with few rows of x; ``storage``: 0 int8, 1 bfloat16, 2 float16 (Storage).
+namespace {
+template <typename W>
+void quantized_linear_typed(const float* x, const void* weight, const float* scale,
+                            const float* bias, float* y, int64_t rows, int64_t out_features,
+                            int64_t in_features, int64_t groups, int32_t threads) {
+  const ssmcc::QuantizedGemvArgs<W> args{x,    static_cast<const W*>(weight), scale,       bias,
+                                          y,    rows, out_features, in_features, groups};
+  const int64_t blocks = (out_features + ssmcc::kGemvBlock - 1) / ssmcc::kGemvBlock;
+  parallel_rows(blocks, rows * in_features * ssmcc::kGemvBlock, threads, [&](int64_t b, int64_t e) {
+    ssmcc::quantized_gemv_rows(args, b * ssmcc::kGemvBlock,
+                               std::min(e * ssmcc::kGemvBlock, out_features));
+  });
+}
+
+template <typename W>
+void dequantize_typed(const void* weight, const float* scale, float* out, int64_t out_features,
+                      int64_t in_features, int64_t groups, int32_t threads) {
+  parallel_rows(out_features, in_features, threads, [&](int64_t b, int64_t e) {
+    ssmcc::dequantize_rows(static_cast<const W*>(weight), scale, out, in_features, groups, b, e);
+  });
+}
+
+std::string check_quantized(const char* op, int32_t storage, int64_t rows, int64_t out_features,
+                            int64_t in_features, int64_t groups) {
+  auto contract = ssmcc::first_error({ssmcc::check_nonnegative(op, "rows", rows),
+                                      ssmcc::check_nonnegative(op, "out_features", out_features),
+                                      ssmcc::check_nonnegative(op, "in_features", in_features)});
+  if (!contract.empty()) return contract;
+  if (storage < 0 || storage > 2)
+    return std::string(op) + ": storage must be 0 (int8), 1 (bfloat16) or 2 (float16), got " +
+           std::to_string(storage);
+  if (groups < 1 || in_features % groups != 0)
+    return std::string(op) + ": groups=" + std::to_string(groups) + " must divide in_features=" +
+           std::to_string(in_features);
+  return "";
+}
+}  // namespace
+
+SSMCC_EXPORT int ssmcc_quantized_linear(const float* x, const void* weight, int32_t storage,
+                                        const float* scale, const float* bias, float* y,
+                                        int64_t rows, int64_t out_features, int64_t in_features,
+                                        int64_t groups, int32_t threads) {
+  const auto contract =
+      check_quantized("quantized_linear", storage, rows, out_features, in_features, groups);
+  return guarded(contract, [&] {
+    const auto kind = static_cast<ssmcc::Storage>(storage);
+    if (kind == ssmcc::Storage::kInt8)
+      quantized_linear_typed<int8_t>(x, weight, scale, bias, y, rows, out_features, in_features,
+                                     groups, threads);
+    else if (kind == ssmcc::Storage::kBFloat16)
+      quantized_linear_typed<uint16_t>(x, weight, scale, bias, y, rows, out_features,
+                                       in_features, groups, threads);
+    else
+      quantized_linear_typed<_Float16>(x, weight, scale, bias, y, rows, out_features,
+                                       in_features, groups, threads);
+  });
+}
+
+SSMCC_EXPORT int ssmcc_dequantize(const void* weight, int32_t storage, const float* scale,
+                                  float* out, int64_t out_features, int64_t in_features,
+                                  int64_t groups, int32_t threads) {
+  const auto contract = check_quantized("dequantize", storage, 0, out_features, in_features, groups);
+  return guarded(contract, [&] {
+    const auto kind = static_cast<ssmcc::Storage>(storage);
+    if (kind == ssmcc::Storage::kInt8)
+      dequantize_typed<int8_t>(weight, scale, out, out_features, in_features, groups, threads);
+    else if (kind == ssmcc::Storage::kBFloat16)
+      dequantize_typed<uint16_t>(weight, scale, out, out_features, in_features, groups, threads);
+    else
+      dequantize_typed<_Float16>(weight, scale, out, out_features, in_features, groups, threads);
   });
 }
 

@@ -3,13 +3,14 @@ ONNX Runtime (with ssmcc's custom-op library when it builds); ``target.py`` impl
 registry contract."""
 
 from ssmcc.lowering.registry import Target
-from ssmcc.options import COMPILE, LOAD, OptionSpec
+from ssmcc.options import COMPILE, LOAD, QUANTIZE, OptionSpec
 
 TARGET = Target(
     name="onnx",
     summary="ONNX graphs (prefill/chunk/step, one weights file) run in ONNX Runtime",
     implementation="ssmcc.lowering.onnx.target",
     dtypes=("float32",),
+    quantize=QUANTIZE,
     options=(
         OptionSpec(
             "threads",

@@ -21,6 +21,7 @@ from ssmcc.lowering.onnx.emitters_standard import (
     emit_moe_experts,
     emit_positions,
 )
+from ssmcc.lowering.onnx.quantized import emit_quantized_embedding, emit_quantized_linear
 from ssmcc.lowering.onnx.schemas import ACTIVATIONS, DOMAIN, VERSION
 from ssmcc.lowering.table import Emitter
 
@@ -537,6 +538,14 @@ ONNX_TABLE: dict[str, Emitter] = {
     "moe_experts": Emitter(
         "standard ONNX ops (per expert: NonZero, Gather, MatMul, ScatterND add)",
         emit_moe_experts,
+    ),
+    "quantized_linear": Emitter(
+        "ssmcc.QuantizedLinear / HalfLinear node where rows are few (decode), + portable body; "
+        "standard DequantizeLinear (or Cast) + Gemm where rows include positions (prefill)",
+        emit_quantized_linear,
+    ),
+    "quantized_embedding": Emitter(
+        "standard ONNX ops (Gather, Cast, Mul)", emit_quantized_embedding
     ),
 }
 ONNX_UNSUPPORTED: dict[str, str] = {}

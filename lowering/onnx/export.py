@@ -37,6 +37,8 @@ from ssmcc.lowering.onnx.functions_ssd import (
     ssd_scan_function,
     ssd_state_update_function,
 )
+from ssmcc.lowering.onnx.quantized import SCHEMAS as QUANTIZED_SCHEMAS
+from ssmcc.lowering.onnx.quantized import half_linear_function, quantized_linear_function
 from ssmcc.lowering.onnx.schemas import DOMAIN, register_schemas
 from ssmcc.ops import SSMCC_OPS, is_ssmcc_op
 
@@ -162,7 +164,7 @@ def lower_to_onnx(
     dim_names: dict[str, str] | None = None,
 ) -> onnx.ModelProto:
     """``dim_names`` maps the program's symbol names (e.g. ``s0``) to ONNX dim names."""
-    register_schemas()
+    register_schemas(QUANTIZED_SCHEMAS)
     table = _translation_table(program)
     widths = _conv_widths(program)
     if len(widths) > 1:
@@ -201,6 +203,8 @@ def lower_to_onnx(
         "SsdMixerStep": lambda: ssd_mixer_step_function(OPSET),
         "MambaMixer": lambda: mamba_mixer_function(OPSET),
         "MambaMixerStep": lambda: mamba_mixer_step_function(OPSET),
+        "QuantizedLinear": lambda: quantized_linear_function(OPSET),
+        "HalfLinear": lambda: half_linear_function(OPSET),
     }
     for fused, called in _CALLED.items():
         if fused in used:

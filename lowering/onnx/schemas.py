@@ -332,7 +332,8 @@ SCHEMAS += [
 ]
 
 
-def register_schemas() -> None:
-    for schema in SCHEMAS:
+def register_schemas(extra: tuple = ()) -> None:
+    """Register ``SCHEMAS`` and ``extra`` (schemas defined beside their emitters)."""
+    for schema in [*SCHEMAS, *extra]:
         if not onnx.defs.has(schema.name, schema.domain):
             onnx.defs.register_schema(schema)

@@ -112,9 +112,11 @@ def _graph_entry(name: str, model: onnx.ModelProto) -> dict:
 
 
 def _check_float32(program) -> None:
-    """The ONNX target runs float32 programs (ONNX Runtime's CPU kernels lack bf16 for most ops)."""
+    """The ONNX target runs float32 programs (ONNX Runtime's CPU kernels lack bf16 for most ops);
+    weights stored small by ``quantize=`` are widened by their ops."""
     for name, tensor in program.state_dict.items():
-        if tensor.is_floating_point() and tensor.dtype != torch.float32:
+        stored = name.endswith(".quantized")
+        if tensor.is_floating_point() and tensor.dtype != torch.float32 and not stored:
             dtype = str(tensor.dtype).removeprefix("torch.")
             raise LoweringError(
                 f"backend 'onnx' runs float32 programs; this one holds {dtype} weights (e.g. "

@@ -3,10 +3,12 @@
 (``weights.py``); ``target.py`` implements the registry contract."""
 
 from ssmcc.lowering.registry import Target
+from ssmcc.options import QUANTIZE
 
 TARGET = Target(
     name="torch",
     summary="eager PyTorch with ssmcc's C++ CPU kernels; saved as .pt2 programs + safetensors",
     implementation="ssmcc.lowering.torch.target",
     dtypes=("float32", "bfloat16", "float16"),
+    quantize=QUANTIZE,
 )

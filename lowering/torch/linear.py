@@ -22,20 +22,13 @@ other target keep ``aten.linear``. ``kernels="reference"`` keeps ``aten.linear``
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import fx
 
 from ssmcc.kernels.cpu import linear_binding, native
-from ssmcc.kernels.cpu.linear_binding import GEMV_MAX_ROWS
+from ssmcc.kernels.cpu.linear_binding import GEMV_MAX_ROWS, dense_linear, onednn_available
 
 aten = torch.ops.aten
-
-
-@functools.cache
-def onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 def _float32_attr(module: fx.GraphModule, node, rank: int) -> bool:
@@ -51,9 +44,7 @@ def linear_cpu(x, weight, bias=None):
     """``x W^T + b``: the matrix-vector kernel for a few rows, else oneDNN, else aten."""
     if gemv_available() and x.numel() <= GEMV_MAX_ROWS * x.shape[-1]:
         return linear_binding.linear_cpu(x, weight, bias)
-    if onednn_available():
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return torch.nn.functional.linear(x, weight, bias)
+    return dense_linear(x, weight, bias)
 
 
 def gemv_available() -> bool:

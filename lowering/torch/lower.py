@@ -31,8 +31,8 @@ from ssmcc.ops import SSMCC_REFERENCES, is_ssmcc_op
 
 # Ops whose PyTorch implementation is already what a kernel would do (ATen matmuls and a
 # softmax for attention, an arange for positions, per-expert matmuls over the tokens that chose
-# each expert): no C++ kernel of their own.
-ATEN_ONLY = ("attention", "positions", "moe_experts")
+# each expert, a gather and a multiply for a quantised embedding): no C++ kernel of their own.
+ATEN_ONLY = ("attention", "positions", "moe_experts", "quantized_embedding")
 
 
 def _emit(name: str, kernels: str):

@@ -21,6 +21,12 @@ from ssmcc.ops.mamba_mixer import (
 )
 from ssmcc.ops.moe_experts import moe_experts, moe_experts_ref
 from ssmcc.ops.positions import positions, positions_ref
+from ssmcc.ops.quantized_linear import (
+    quantized_embedding,
+    quantized_embedding_ref,
+    quantized_linear,
+    quantized_linear_ref,
+)
 from ssmcc.ops.rmsnorm_gated import rmsnorm_gated, rmsnorm_gated_ref
 from ssmcc.ops.selective_scan import selective_scan, selective_scan_ref
 from ssmcc.ops.selective_state_update import selective_state_update, selective_state_update_ref
@@ -44,6 +50,8 @@ SSMCC_OPS = {
     "attention": attention._opoverload,
     "positions": positions._opoverload,
     "moe_experts": moe_experts._opoverload,
+    "quantized_linear": quantized_linear._opoverload,
+    "quantized_embedding": quantized_embedding._opoverload,
 }
 # Each op's pure-PyTorch reference: the oracle, and the fallback wherever no kernel runs.
 SSMCC_REFERENCES = {
@@ -61,6 +69,8 @@ SSMCC_REFERENCES = {
     "attention": attention_ref,
     "positions": positions_ref,
     "moe_experts": moe_experts_ref,
+    "quantized_linear": quantized_linear_ref,
+    "quantized_embedding": quantized_embedding_ref,
 }
 
 
@@ -76,6 +86,10 @@ __all__ = [
     "moe_experts_ref",
     "positions",
     "positions_ref",
+    "quantized_embedding",
+    "quantized_embedding_ref",
+    "quantized_linear",
+    "quantized_linear_ref",
     "mamba_mixer",
     "mamba_mixer_ref",
     "mamba_mixer_step",

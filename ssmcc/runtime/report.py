@@ -21,6 +21,9 @@ class CompileReport:
     findings: list[str] = dataclasses.field(default_factory=list)  # scans not rewritten, and why
     streaming: str = "yes"  # "yes", or why prefill/step/generate are unavailable
     not_fused: list[str] = dataclasses.field(default_factory=list)  # fusion near misses, and why
+    # quantize=: scheme, weights stored small, bytes before/after, weights kept (and why),
+    # accuracy vs the float program (quantization_report.quantization_accuracy)
+    quantization: dict | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -56,7 +59,27 @@ class CompileReport:
         if self.findings:
             lines.append(f"not rewritten:  {len(self.findings)} scan-like structure(s)")
             lines += [f"  {finding}" for finding in self.findings]
+        if self.quantization:
+            lines += _quantization_lines(self.quantization)
         if self.not_fused:
             lines.append(f"not fused:      {len(self.not_fused)} norm-like chain(s)")
             lines += [f"  {line}" for line in self.not_fused]
         return "\n".join(lines)
+
+
+def _quantization_lines(q: dict) -> list[str]:
+    mb = 1 << 20
+    lines = [
+        f"quantized:      {q['scheme']}: {q['weights']} weights, "
+        f"{q['bytes_before'] / mb:.1f} MiB -> {q['bytes_after'] / mb:.1f} MiB"
+    ]
+    accuracy = q.get("accuracy")
+    if accuracy:
+        lines.append(
+            f"  vs float:     logit cosine min {accuracy['logit_cosine_min']:.5f} mean "
+            f"{accuracy['logit_cosine_mean']:.5f}, top-1 agreement "
+            f"{100 * accuracy['top1_agreement']:.1f}% ({accuracy['positions']} positions of "
+            f"{accuracy['prompts']} prompts)"
+        )
+    lines += [f"  kept:         {line}" for line in q.get("kept", [])]
+    return lines

@@ -1,0 +1,302 @@
+"""Weight-only quantisation (``quantize=``): the ops against their math, the C++ and ORT kernels
+against the references, the ``quantize_weights`` pass's rules, every target and scheme against
+the quantised program's reference, the portable ONNX form in stock ONNX Runtime, and accuracy
+against float32 on a model whose weights were trained (random weights hide quantisation error)."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import ssmcc
+from ssmcc.ops.quantized_linear import (
+    INT8_MAX,
+    SCHEMES,
+    dequantize_weight,
+    quantize_weight,
+    quantized_embedding_ref,
+    quantized_linear_ref,
+)
+from ssmcc.options import QUANTIZE
+from tests.conftest import make_hf_model
+
+SCHEME_NAMES = [q for q in QUANTIZE if q != "none"]
+SLOW = pytest.mark.slow
+# float32 sums in another order: a few ulps of |x| |W| k
+KERNEL_TOLERANCE = dict(rtol=1e-5, atol=1e-4)
+
+
+def _weight(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """Rows with different ranges (and one all-zero row), as trained weights have."""
+    generator = torch.Generator().manual_seed(seed)
+    w = torch.randn(rows, cols, generator=generator)
+    w *= torch.logspace(-2, 1, rows)[:, None]
+    w[rows // 2] = 0.0
+    return w
+
+
+@pytest.mark.parametrize("scheme", SCHEME_NAMES)
+def test_quantize_weight_error_is_half_a_step(scheme):
+    w = _weight(20, 128)
+    stored, scale = quantize_weight(w, scheme)
+    dtype, group = SCHEMES[scheme]
+    assert stored.dtype == dtype and scale.dtype == torch.float32
+    assert scale.shape == (20, 1 if group is None else 128 // group)
+    error = (dequantize_weight(stored, scale) - w).abs()
+    if dtype == torch.int8:
+        assert stored.abs().max() <= INT8_MAX
+        step = scale.repeat_interleave(128 // scale.shape[1], dim=1)
+        assert (error <= step / 2 * (1 + 1e-6)).all()
+        assert (dequantize_weight(stored, scale)[10] == 0).all()  # the zero row stays zero
+    else:
+        assert (scale == 1).all()
+        assert torch.equal(dequantize_weight(stored, scale), w.to(dtype).float())
+
+
+def test_references_are_the_dequantised_float_ops():
+    w, bias = _weight(12, 64), torch.randn(12)
+    stored, scale = quantize_weight(w, "int8-g32")
+    dense = dequantize_weight(stored, scale)
+    x = torch.randn(2, 3, 64)
+    torch.testing.assert_close(
+        quantized_linear_ref(x, stored, scale, bias), torch.nn.functional.linear(x, dense, bias)
+    )
+    ids = torch.tensor([[0, 11, 5], [3, 3, 10]])
+    assert torch.equal(quantized_embedding_ref(ids, stored, scale), dense[ids])
+
+
+def test_bad_operands_are_refused_with_the_rule():
+    stored, scale = quantize_weight(_weight(8, 64), "int8")
+    with pytest.raises(Exception, match=r"x must be \(\.\.\., 64\)"):
+        quantized_linear_ref(torch.randn(2, 63), stored, scale)
+    with pytest.raises(Exception, match="weight must be stored as int8"):
+        quantized_linear_ref(torch.randn(2, 64), stored.float(), scale)
+    with pytest.raises(Exception, match="groups must divide"):
+        quantized_linear_ref(torch.randn(2, 64), stored, torch.ones(8, 3))
+
+
+@pytest.mark.parametrize("scheme", SCHEME_NAMES)
+@pytest.mark.parametrize("rows", [1, 3, 8, 13])  # 13: more rows than the matrix-vector path
+@pytest.mark.parametrize("cols", [128, 72])  # 72: columns that leave a vector tail
+def test_cpp_kernel_matches_reference(scheme, rows, cols):
+    from ssmcc.kernels.cpu import native
+    from ssmcc.kernels.cpu.quantized_binding import quantized_linear_cpu
+
+    if not native.available():
+        pytest.skip("the C++ kernels do not build here")
+    group = SCHEMES[scheme][1]
+    if group is not None and cols % group:
+        pytest.skip(f"{scheme} needs columns divisible by {group}")
+    stored, scale = quantize_weight(_weight(37, cols), scheme)  # 37: a partial row block
+    x, bias = torch.randn(rows, cols), torch.randn(37)
+    for b in (bias, None):
+        torch.testing.assert_close(
+            quantized_linear_cpu(x, stored, scale, b),
+            quantized_linear_ref(x, stored, scale, b),
+            **KERNEL_TOLERANCE,
+        )
+
+
+def test_pass_rules_on_mamba():
+    """Every projection outside the fused mixer and the tied head/embedding: one int8 copy."""
+    model = make_hf_model("mamba", hidden_size=64, vocab_size=300)
+    compiled = ssmcc.compile(model, target="torch", quantize="int8", kernels="reference")
+    hits = compiled.report.rule_hits
+    layers = model.config.num_hidden_layers
+    assert hits["quantize_weights.linear"] == 2 * layers + 1  # in/out projections + LM head
+    assert hits["quantize_weights.embedding"] == 1 and hits["quantize_weights.tied"] == 1
+    program = compiled.program
+    assert not [n for n in program.graph.nodes if n.target == torch.ops.aten.linear.default]
+    int8 = {k for k, v in program.state_dict.items() if v.dtype == torch.int8}
+    assert "model.lm_head.weight.quantized" in int8 and len(int8) == 2 * layers + 1
+    q = compiled.report.quantization
+    assert q["weights"] == 2 * layers + 1
+    assert q["bytes_after"] < q["bytes_before"] / 2
+    assert any("mamba_mixer" in line for line in q["kept"])  # x_proj, dt_proj stay float32
+    assert "quantized:      int8" in compiled.report.format()
+
+
+def test_group_that_does_not_divide_keeps_the_weight_and_says_why():
+    model = make_hf_model("mamba")  # hidden 24: no group of 32 fits
+    compiled = ssmcc.compile(model, target="torch", quantize="int8-g32", kernels="reference")
+    kept = compiled.report.quantization["kept"]
+    assert any("not a multiple of the group size 32" in line for line in kept)
+    assert compiled.report.quantization["weights"] == 0
+
+
+@pytest.fixture(scope="module")
+def small_mamba():
+    return make_hf_model("mamba", hidden_size=64, vocab_size=300, seed=3)
+
+
+# The default run covers each storage on each target once (group sizes on torch); the rest is slow.
+DEFAULT_CASES = {("torch", "int8"), ("torch", "int8-g64"), ("torch", "fp16"), ("onnx", "int8")}
+DEFAULT_CASES |= {("onnx", "bf16")}
+TARGET_CASES = [
+    pytest.param(target, scheme, marks=() if (target, scheme) in DEFAULT_CASES else SLOW)
+    for target in ("torch", "onnx")
+    for scheme in SCHEME_NAMES
+]
+
+
+@pytest.mark.parametrize(("target", "scheme"), TARGET_CASES)
+def test_targets_compute_the_quantised_program(small_mamba, target, scheme):
+    """Prefill logits equal the quantised program's reference; decode equals the torch target's
+    reference tokens, with the native kernels and with the references / portable bodies."""
+    ids = torch.randint(0, 300, (2, 11), generator=torch.Generator().manual_seed(1))
+    reference = ssmcc.compile(small_mamba, target="torch", quantize=scheme, kernels="reference")
+    with torch.no_grad():
+        expected = reference.program.module()(ids)
+    tokens = reference.generate(ids, max_new_tokens=6)
+    for kernels in ("auto", "reference"):
+        compiled = ssmcc.compile(small_mamba, target=target, quantize=scheme, kernels=kernels)
+        torch.testing.assert_close(compiled(ids), expected, rtol=1e-4, atol=1e-4)
+        assert torch.equal(compiled.generate(ids, max_new_tokens=6), tokens)
+
+
+def test_onnx_step_uses_the_library_kernel_and_int8_initializers(small_mamba, tmp_path):
+    """In step.onnx every projection is one QuantizedLinear node over int8 initializers; a wrong
+    function body changes nothing while the library runs the node, and everything without it."""
+    from onnx import helper
+
+    from ssmcc.lowering.onnx.runtime import make_session
+
+    compiled = ssmcc.compile(small_mamba, target="onnx", quantize="int8")
+    folder = shutil.copytree(compiled.executable.folder, tmp_path / "copy")
+    proto = onnx.load(str(folder / "step.onnx"))
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("QuantizedLinear") == 2 * small_mamba.config.num_hidden_layers + 1
+    assert "Gemm" not in ops and "MatMul" not in ops
+    int8 = [t for t in proto.graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    assert len(int8) == 2 * small_mamba.config.num_hidden_layers + 1
+    prefill = onnx.load(str(folder / "prefill.onnx"), load_external_data=False)
+    assert "DequantizeLinear" in {n.op_type for n in prefill.graph.node}
+
+    proto = onnx.load(str(folder / "step.onnx"), load_external_data=False)
+    index = next(i for i, f in enumerate(proto.functions) if f.name == "QuantizedLinear")
+    body = proto.functions[index]
+    wrong = helper.make_function(
+        "ssmcc",
+        "QuantizedLinear",
+        list(body.input),
+        ["y"],
+        [
+            helper.make_node("Shape", ["bias"], ["n"]),
+            helper.make_node("Shape", ["x"], ["lead"], end=-1),
+            helper.make_node("Concat", ["lead", "n"], ["shape"], axis=0),
+            helper.make_node("ConstantOfShape", ["shape"], ["y"]),
+        ],
+        list(body.opset_import),
+    )
+    proto.functions[index].CopyFrom(wrong)
+    path = str(folder / "wrong_body.onnx")
+    onnx.save(proto, path)
+    ids = torch.randint(0, 300, (2, 1))
+    feed = {"input_ids": ids.numpy()}
+    for spec in compiled.state_specs:
+        feed[spec.name] = np.random.default_rng(0).standard_normal(
+            (2, *spec.shape), dtype=np.float32
+        )
+    expected = make_session(str(folder / "step.onnx"), "reference").run(["logits"], feed)[0]
+    library = make_session(path, "auto").run(["logits"], feed)[0]
+    portable = make_session(path, "reference").run(["logits"], feed)[0]
+    np.testing.assert_allclose(library, expected, rtol=1e-4, atol=1e-4)
+    assert np.abs(portable).max() == 0
+
+
+def test_bfloat16_model_with_int8_weights(small_mamba):
+    compiled = ssmcc.compile(small_mamba, target="torch", dtype="bfloat16", quantize="int8")
+    ids = torch.randint(0, 300, (2, 7))
+    with torch.no_grad():
+        expected = compiled.program.module()(ids)
+    out = compiled(ids)
+    kept = {v.dtype for k, v in compiled.program.state_dict.items() if "norm" in k}
+    assert kept == {torch.bfloat16}  # what is not quantised computes in bfloat16
+    torch.testing.assert_close(out, expected.float(), rtol=2e-2, atol=2e-2)
+    assert compiled.generate(ids, max_new_tokens=3).shape == (2, 10)
+
+
+def test_quantised_torch_artifact_round_trips(small_mamba, tmp_path):
+    compiled = ssmcc.compile(small_mamba, target="torch", quantize="int8-g32")
+    compiled.save(str(tmp_path / "art"))
+    loaded = ssmcc.load(str(tmp_path / "art"))
+    ids = torch.randint(0, 300, (1, 5))
+    assert torch.equal(loaded.generate(ids, 4), compiled.generate(ids, 4))
+    weights = (tmp_path / "art" / "weights.safetensors").stat().st_size
+    fp32 = sum(p.numel() * 4 for p in small_mamba.parameters())
+    assert weights < 0.6 * fp32
+
+
+def test_cli_compile_quantize(tmp_path, capsys):
+    from ssmcc.cli import main
+
+    assert main(["compile", "mamba-tiny", "--quantize", "int8", "--out", str(tmp_path / "a")]) == 0
+    manifest = ssmcc.load(str(tmp_path / "a")).manifest
+    assert manifest["quantization"]["scheme"] == "int8"
+    assert manifest["quantization"]["accuracy"]["top1_agreement"] > 0.9
+
+
+# --- accuracy on trained weights ----------------------------------------------------------------
+
+GENERATED = 64
+PROMPTS, PROMPT_LENGTH = 8, 32
+
+
+def _greedy_agreement(model, compiled, prompts) -> float:
+    """The fraction of generated positions where the quantised model, fed the float model's own
+    continuation (teacher forcing), picks the same next token: each position judged on its own
+    instead of every token after a first divergence counting against it."""
+    agree = total = 0
+    for prompt in prompts:
+        with torch.no_grad():
+            reference = model.generate(
+                prompt, max_new_tokens=GENERATED, do_sample=False, min_new_tokens=GENERATED
+            )
+            expected = model(reference).logits[0, prompt.shape[1] - 1 : -1].argmax(-1)
+        got = compiled(reference)[0, prompt.shape[1] - 1 : -1].argmax(-1)
+        agree += int((got == expected).sum())
+        total += GENERATED
+    return agree / total
+
+
+def test_int8_per_channel_accuracy_on_a_trained_mamba(trained_mamba_model):
+    from ssmcc.runtime.quantization_report import quantization_accuracy
+    from tests.trained_models import prompts
+
+    model = trained_mamba_model
+    compiled = ssmcc.compile(model, target="torch", quantize="int8")
+    float32 = ssmcc.compile(model, target="torch")
+    chosen = prompts(PROMPTS, PROMPT_LENGTH)
+    on_text = quantization_accuracy(float32.program, compiled.program, (torch.cat(chosen),))
+    assert on_text["logit_cosine_min"] >= 0.999, on_text
+    assert compiled.report.quantization["accuracy"]["logit_cosine_mean"] >= 0.999
+    assert _greedy_agreement(model, compiled, chosen) >= 0.95
+    # free-running greedy decoding: the same 64 tokens for most prompts
+    same = 0
+    for prompt in chosen:
+        with torch.no_grad():
+            expected = model.generate(prompt, max_new_tokens=GENERATED, do_sample=False)
+        got = compiled.generate(prompt, max_new_tokens=GENERATED)
+        same += int((got[0, -GENERATED:] == expected[0, -GENERATED:]).sum())
+    assert same / (PROMPTS * GENERATED) >= 0.95
+
+
+def test_portable_int8_onnx_gives_the_same_tokens_in_stock_onnxruntime(
+    trained_mamba_model, tmp_path
+):
+    """The int8 artifact without the ssmcc library (portable bodies, DequantizeLinear) in stock
+    ONNX Runtime: the tokens of the torch target's int8 program."""
+    from tests.trained_models import prompts
+
+    torch_int8 = ssmcc.compile(trained_mamba_model, target="torch", quantize="int8")
+    compiled = ssmcc.compile(trained_mamba_model, target="onnx", quantize="int8")
+    compiled.save(str(tmp_path / "art"))
+    portable = ssmcc.load(str(tmp_path / "art"), kernels="reference")
+    for prompt in prompts(3, PROMPT_LENGTH):
+        expected = torch_int8.generate(prompt, max_new_tokens=32)
+        assert torch.equal(portable.generate(prompt, max_new_tokens=32), expected)
+        assert torch.equal(compiled.generate(prompt, max_new_tokens=32), expected)
