@@ -25,8 +25,8 @@ struct Blocks {
 
 template <typename W>
 void block_rows(const Blocks<W>& b, int64_t begin, int64_t end) {
-  ssmcc::quantized_gemv_rows(b.args, begin * ssmcc::kGemvBlock,
-                             std::min(end * ssmcc::kGemvBlock, b.args.out_features));
+  ssmcc::quantized_gemv_rows(b.args, begin * ssmcc::kQuantizedBlock,
+                             std::min(end * ssmcc::kQuantizedBlock, b.args.out_features));
 }
 
 template <typename W>
@@ -37,8 +37,8 @@ void run(OrtKernelContext* raw, const Inputs& in, Ort::KernelContext& ctx, const
   auto y = ctx.GetOutput(0, y_shape);
   const Blocks<W> blocks{{in.data(0), static_cast<const W*>(weight), in.data(2), in.data(3),
                           y.GetTensorMutableData<float>(), rows, n, k, groups}};
-  const int64_t count = (n + ssmcc::kGemvBlock - 1) / ssmcc::kGemvBlock;
-  // tasks of ~64 weight rows: enough per task to amortise the pool, many tasks per thread
+  const int64_t count = (n + ssmcc::kQuantizedBlock - 1) / ssmcc::kQuantizedBlock;
+  // tasks of 128 weight rows: enough per task to amortise the pool, many tasks per thread
   parallel_rows<Blocks<W>, block_rows<W>>(raw, blocks, count, 16);
 }
 

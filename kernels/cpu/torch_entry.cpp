@@ -315,10 +315,10 @@ void quantized_linear_typed(const float* x, const void* weight, const float* sca
                             int64_t in_features, int64_t groups, int32_t threads) {
   const ssmcc::QuantizedGemvArgs<W> args{x,    static_cast<const W*>(weight), scale,       bias,
                                           y,    rows, out_features, in_features, groups};
-  const int64_t blocks = (out_features + ssmcc::kGemvBlock - 1) / ssmcc::kGemvBlock;
-  parallel_rows(blocks, rows * in_features * ssmcc::kGemvBlock, threads, [&](int64_t b, int64_t e) {
-    ssmcc::quantized_gemv_rows(args, b * ssmcc::kGemvBlock,
-                               std::min(e * ssmcc::kGemvBlock, out_features));
+  const int64_t blocks = (out_features + ssmcc::kQuantizedBlock - 1) / ssmcc::kQuantizedBlock;
+  parallel_rows(blocks, rows * in_features * ssmcc::kQuantizedBlock, threads, [&](int64_t b, int64_t e) {
+    ssmcc::quantized_gemv_rows(args, b * ssmcc::kQuantizedBlock,
+                               std::min(e * ssmcc::kQuantizedBlock, out_features));
   });
 }
 
