@@ -12,7 +12,8 @@
 //              y_t = sum_i C_t[i] h_i + D x_t;   y_t *= silu(z_t)
 //
 // The step form: the conv update, x_proj and dt_proj as matrix-vector products (gemv.h) and one
-// selective_state_update (ssm_kernels.h). Scratch: xc, dbc, dt. Sizes satisfy
+// selective_state_update (ssm_kernels.h), phases split over threads (MambaStep below). Scratch:
+// xc, dbc, dt. Sizes satisfy
 // check_mamba_mixer (contracts.h).
 #pragma once
 
@@ -162,12 +163,27 @@ inline void mamba_scan_rows(const MambaMixerArgs& a, int64_t row_begin, int64_t 
   }
 }
 
-// The step (length 1) after its conv update (xc holds (b, d)): the projections as
-// matrix-vector products, then one state update. ``rows`` scratch: B, C (b, n) and z (b, d).
-inline void mamba_step_rows(const MambaMixerArgs& a, float* B, float* C, float* z) {
+// The step (length 1) after its conv update (xc holds (b, d)), in three phases so that the two
+// parallel ones split over threads (a decode token reads x_proj and dt_proj from memory: ~0.8 MB
+// a layer at mamba-130m's sizes, which one thread streams at half the speed of two):
+//   mamba_step_project_rows  dbc = xc x_proj^T, output features [e_begin, e_end)   (parallel)
+//   mamba_step_split         FalconMamba's RMS norms of dt_r, B, C; B, C, z gathered   (serial)
+//   mamba_step_channel_rows  dt = dt_r dt_proj^T and the state update, rows of (b, d)  (parallel)
+// ``MambaStep`` scratch: B, C (b, n) and z (b, d).
+struct MambaStep {
+  const MambaMixerArgs* a;
+  float *B, *C, *z;
+};
+
+inline void mamba_step_project_rows(const MambaStep& s, int64_t e_begin, int64_t e_end) {
+  const MambaMixerArgs& a = *s.a;
+  const GemvArgs project{a.xc, a.x_proj, nullptr, a.dbc, a.batch, a.projected(), a.channels};
+  gemv_rows(project, e_begin, e_end);
+}
+
+inline void mamba_step_split(const MambaStep& s) {
+  const MambaMixerArgs& a = *s.a;
   const int64_t d = a.channels, E = a.projected(), R = a.rank, n = a.dstate;
-  const GemvArgs project{a.xc, a.x_proj, nullptr, a.dbc, a.batch, E, d};
-  gemv_rows(project, 0, E);
   for (int64_t b = 0; b < a.batch; ++b) {
     float* row = a.dbc + b * E;
     if (a.rms) {
@@ -175,18 +191,28 @@ inline void mamba_step_rows(const MambaMixerArgs& a, float* B, float* C, float* 
       rms_in_place(row + R, n, a.rms_eps);
       rms_in_place(row + R + n, n, a.rms_eps);
     }
-    const GemvArgs widen{row, a.dt_proj, nullptr, a.dt + b * d, 1, d, R};
-    gemv_rows(widen, 0, d);
-    std::copy(row + R, row + R + n, B + b * n);
-    std::copy(row + R + n, row + R + 2 * n, C + b * n);
+    std::copy(row + R, row + R + n, s.B + b * n);
+    std::copy(row + R + n, row + R + 2 * n, s.C + b * n);
     if (a.z_offset >= 0) {
       const float* gate = a.proj + b * a.width + a.z_offset;
-      std::copy(gate, gate + d, z + b * d);
+      std::copy(gate, gate + d, s.z + b * d);
     }
   }
-  const StepArgs step{a.ssm_state, a.xc, a.dt, a.A, B, C, a.D, a.z_offset >= 0 ? z : nullptr,
-                      a.dt_bias, a.y, a.ssm_state_out, a.batch, d, 1, 1, n, a.softplus};
-  selective_state_update_rows(step, 0, a.batch * d);
+}
+
+inline void mamba_step_channel_rows(const MambaStep& s, int64_t row_begin, int64_t row_end) {
+  const MambaMixerArgs& a = *s.a;
+  const int64_t d = a.channels, E = a.projected(), R = a.rank;
+  for (int64_t row = row_begin; row < row_end;) {
+    const int64_t b = row / d, c0 = row % d, c1 = std::min(d, c0 + (row_end - row));
+    const GemvArgs widen{a.dbc + b * E, a.dt_proj, nullptr, a.dt + b * d, 1, d, R};
+    gemv_rows(widen, c0, c1);
+    row += c1 - c0;
+  }
+  const StepArgs step{a.ssm_state, a.xc, a.dt, a.A, s.B, s.C, a.D,
+                      a.z_offset >= 0 ? s.z : nullptr, a.dt_bias, a.y, a.ssm_state_out,
+                      a.batch, d, 1, 1, a.dstate, a.softplus};
+  selective_state_update_rows(step, row_begin, row_end);
 }
 
 }  // namespace ssmcc

@@ -17,6 +17,10 @@ namespace {
 
 using namespace ssmcc::ort;  // NOLINT: Inputs, Shape, kAny, parallel_rows, FloatOp, Checked
 
+// Rows per task of the step's two parallel phases: x_proj outputs (each a row of d weights) and
+// (sequence, channel) rows (a dt_proj row of R weights and n states each).
+constexpr int64_t kStepProjectRows = 16, kStepChannelRows = 256;
+
 std::vector<float> transposed(const float* data, int64_t rows, int64_t cols, bool skip) {
   std::vector<float> out(skip ? 0 : rows * cols);
   if (!skip)
@@ -85,7 +89,12 @@ struct MambaMixerKernel {
     if (kStep) {
       ssmcc::conv_channels_last_step_rows(conv, 0, batch);
       std::vector<float> B(batch * n), C(batch * n), z(batch * d);
-      ssmcc::mamba_step_rows(a, B.data(), C.data(), z.data());
+      const ssmcc::MambaStep step{&a, B.data(), C.data(), z.data()};
+      parallel_rows<ssmcc::MambaStep, ssmcc::mamba_step_project_rows>(raw, step, E,
+                                                                      kStepProjectRows);
+      ssmcc::mamba_step_split(step);
+      parallel_rows<ssmcc::MambaStep, ssmcc::mamba_step_channel_rows>(raw, step, batch * d,
+                                                                      kStepChannelRows);
       return;
     }
     parallel_rows<ssmcc::ConvChannelsLast, ssmcc::conv_channels_last_rows>(

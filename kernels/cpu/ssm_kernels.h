@@ -7,7 +7,8 @@
 //   h_t[i] = exp(dt_t * A[c,i]) * h_{t-1}[i] + dt_t * u_t * B_t[gb,i]
 //   y_t = sum_i C_t[gc,i] h_t[i] + D[c] u_t;   y_t *= silu(z_t) if z
 // B and C arrive transposed to (batch, groups, length, state) so the state loop is contiguous and
-// vectorises (with -ffast-math GCC calls glibc's vector expf); softplus, the D skip and the gate
+// vectorises (with -ffast-math GCC calls glibc's vector expf; the one-step update, one call per
+// row, uses vector_math.h's inline exp when the state is whole vectors); softplus, the D skip and the gate
 // run in separate loops over t, which vectorise too.
 // causal_conv1d: out_t = act(bias + sum_j w[j] xs[t + j]), xs = (state[k-1], x[l]); the final
 // state is the last k-1 entries of xs. The *_update kernels are the one-step forms.
@@ -21,7 +22,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "gemv.h"
 #include "tuning.h"
+#include "vector_math.h"
 
 namespace ssmcc {
 
@@ -168,13 +171,19 @@ inline void selective_state_update_rows(const StepArgs& a, int64_t row_begin, in
     const int64_t count = std::min(kStepBlock, row_end - first);
     for (int64_t r = 0; r < count; ++r)
       dt_block[r] = a.dt[first + r] + (a.dt_bias ? a.dt_bias[(first + r) % a.dim] : 0.f);
-    if (a.softplus)
-      for (int64_t r = 0; r < count; ++r) dt_block[r] = softplus_vectorizable(dt_block[r]);
-    if (a.z)
-      for (int64_t r = 0; r < count; ++r) {
-        const float zv = a.z[first + r];
-        gate_block[r] = zv / (1.f + std::exp(-zv));
-      }
+    // softplus and the gate on whole vectors (vector_math.h's inline exp: one libm call per
+    // element would cost more than the state update itself), the remainder one by one
+    const int64_t whole = count - count % gemm::kLanes;
+    if (a.softplus) {
+      for (int64_t r = 0; r < whole; r += gemm::kLanes)
+        gemm::store(dt_block + r, softplus_vector(gemm::load(dt_block + r)));
+      for (int64_t r = whole; r < count; ++r) dt_block[r] = softplus_vectorizable(dt_block[r]);
+    }
+    if (a.z) {
+      for (int64_t r = 0; r < whole; r += gemm::kLanes)
+        gemm::store(gate_block + r, silu_vector(gemm::load(a.z + first + r)));
+      for (int64_t r = whole; r < count; ++r) gate_block[r] = silu(a.z[first + r]);
+    }
     for (int64_t r = 0; r < count; ++r) {
       const int64_t row = first + r, b = row / a.dim, c = row % a.dim;
       const float dt = dt_block[r], xv = a.x[row], du = dt * xv;
@@ -184,11 +193,22 @@ inline void selective_state_update_rows(const StepArgs& a, int64_t row_begin, in
       const float* h = a.state + row * n_state;
       float* hn = a.new_state + row * n_state;
       float y = 0.f;
+      if (n_state % gemm::kLanes == 0) {  // whole vectors (Mamba-1's n = 16): inline exp
+        gemm::vfloat acc{};
+        for (int64_t i = 0; i < n_state; i += gemm::kLanes) {
+          const gemm::vfloat hi = exp_vector(dt * gemm::load(A + i)) * gemm::load(h + i) +
+                                  du * gemm::load(B + i);
+          gemm::store(hn + i, hi);
+          acc += hi * gemm::load(C + i);
+        }
+        y = lane_sum(acc);
+      } else {
 #pragma omp simd reduction(+ : y)
-      for (int64_t i = 0; i < n_state; ++i) {
-        const float hi = std::exp(dt * A[i]) * h[i] + du * B[i];
-        hn[i] = hi;
-        y += hi * C[i];
+        for (int64_t i = 0; i < n_state; ++i) {
+          const float hi = std::exp(dt * A[i]) * h[i] + du * B[i];
+          hn[i] = hi;
+          y += hi * C[i];
+        }
       }
       y += (a.D ? a.D[c] : 0.f) * xv;
       a.out[row] = a.z ? y * gate_block[r] : y;

@@ -424,7 +424,17 @@ int mamba_mixer_entry(bool step, const float* proj, const float* conv_weight,
     if (step) {
       ssmcc::conv_channels_last_step_rows(conv, 0, batch);
       std::vector<float> B(batch * dstate), C(batch * dstate), z(batch * channels);
-      ssmcc::mamba_step_rows(a, B.data(), C.data(), z.data());
+      const ssmcc::MambaStep s{&a, B.data(), C.data(), z.data()};
+      const int64_t E = a.projected();
+      // work per row in bytes read: the phases stream weights (and states) from memory
+      parallel_rows(E, 4 * channels * batch, threads, [&](int64_t b, int64_t e) {
+        ssmcc::mamba_step_project_rows(s, b, e);
+      });
+      ssmcc::mamba_step_split(s);
+      const int64_t row_bytes = 4 * (rank + 3 * dstate);
+      parallel_rows(batch * channels, row_bytes, threads, [&](int64_t b, int64_t e) {
+        ssmcc::mamba_step_channel_rows(s, b, e);
+      });
       return;
     }
     const int64_t block = ssmcc::tuning::kMixerConvBlock;
