@@ -153,6 +153,13 @@ def prepare_torch_onnx(model: nn.Module, ctx: dict) -> Runner:
     return Runner(prefill, None, info)
 
 
+def _stored_weight_bytes(compiled) -> int | None:
+    """The bytes a decode step reads when weights are stored small (``quantize=``), else None
+    (the float model's own bytes, which the bounds assume)."""
+    quantization = compiled.report.quantization
+    return quantization["bytes_after"] if quantization else None
+
+
 def prepare_ssmcc_torch(model: nn.Module, ctx: dict, quantize: str = "none") -> Runner:
     import ssmcc
 
@@ -166,6 +173,7 @@ def prepare_ssmcc_torch(model: nn.Module, ctx: dict, quantize: str = "none") -> 
     }
     compiled.prefill(torch.zeros(1, 2, dtype=torch.long))  # derive the stateful programs now
     info["prepare_s"] = time.perf_counter() - started
+    info["weight_bytes"] = _stored_weight_bytes(compiled)
     return Runner(compiled, compiled.generate, info, compiled)
 
 
@@ -190,6 +198,7 @@ def _prepare_ssmcc_onnx(
         "runs_other_length": True,
         "artifact_MB": sum(f["bytes"] for f in manifest["files"].values()) / 1e6,
         "kernels": loaded.executable.session("step").ssmcc_kernels,
+        "weight_bytes": _stored_weight_bytes(compiled),
     }
     return Runner(loaded, loaded.generate, info, loaded)
 
@@ -283,6 +292,7 @@ def _prepare_llama_cpp(model: nn.Module, ctx: dict, outtype: str) -> Runner:
                 ms_per_token={k: v * 1e3 if k != "n" else v for k, v in per_token.items()},
                 tokens_per_s=invert(per_token, 1),
                 remark=f"llama-bench tg after {depth} tokens of context (-d {depth})",
+                weight_bytes=os.path.getsize(gguf) if outtype != "f32" else None,
             )
         ]
 
@@ -291,6 +301,7 @@ def _prepare_llama_cpp(model: nn.Module, ctx: dict, outtype: str) -> Runner:
         "prepare_what": f"save_pretrained + convert_hf_to_gguf.py --outtype {outtype}",
         "artifact_MB": os.path.getsize(gguf) / 1e6,
         "runs_other_length": True,
+        "weight_bytes": os.path.getsize(gguf) if outtype != "f32" else None,
     }
     return Runner(None, None, info, measure={"prefill": prefill_rows, "decode": decode_rows})
 

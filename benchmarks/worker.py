@@ -105,6 +105,7 @@ def run_decode(spec: dict, runner: Runner) -> list[dict]:
             ttft_s=ttft,
             ms_per_token={k: v * 1e3 if k != "n" else v for k, v in per_token.items()},
             tokens_per_s=invert(per_token, batch),
+            weight_bytes=runner.info.get("weight_bytes"),
         )
     ]
 

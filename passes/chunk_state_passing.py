@@ -18,8 +18,8 @@ materialises ``(b, c, v)`` logits (at 32K tokens and a 50K vocabulary those alon
 Rules (hits counted in ``stats``):
 
 - ``head_on_last_position``: the logits output is reached from an ``aten.linear`` / ``aten.matmul``
-  through position-wise ops only (casts, scaling, softcapping); that head's input is sliced to its
-  last position, so the head runs on one row per sequence.
+  (or ``ssmcc.quantized_linear``) through position-wise ops only (casts, scaling, softcapping);
+  that head's input is sliced to its last position, so the head runs on one row per sequence.
 - ``logits_sliced``: no such head was found; the full logits are computed and the last row taken
   (correct, without the memory saving). The reason goes to ``ctx.diagnostics``.
 
@@ -37,13 +37,19 @@ from torch import nn
 from torch.export import Dim, ExportedProgram
 
 from ssmcc.errors import InputError
+from ssmcc.ops import SSMCC_OPS
 from ssmcc.options import DEFAULT_CHUNK_SIZE, check_chunk_size
 from ssmcc.passes.pass_base import PassContext, PassResult
 from ssmcc.passes.scan_to_recurrent_step import PAST_EXAMPLE, past_dim
 
 PASS_NAME = "chunk_state_passing"
 
-_HEADS = {torch.ops.aten.linear.default, torch.ops.aten.matmul.default}
+# input 0 is the hidden state (a quantised head: ssmcc.quantized_linear, from quantize_weights)
+_HEADS = {
+    torch.ops.aten.linear.default,
+    torch.ops.aten.matmul.default,
+    SSMCC_OPS["quantized_linear"],
+}
 # Ops that act on each position on its own: the head may be moved before them.
 _POSITIONWISE = {
     torch.ops.aten._to_copy.default,

@@ -126,3 +126,37 @@ def test_llama_cpp_contender_measures_prefill_and_decode():
     assert prefill["tokens_per_s"]["median"] > 0 and "last position" in prefill["remark"]
     (decode,) = _worker_rows("llama-cpp", "decode", dict(os.environ))
     assert 0 < decode["ms_per_token"]["median"] < 1000  # a tiny model: well under a second
+
+
+@pytest.mark.slow
+def test_interleaved_decode_reports_every_contender_per_round(tmp_path):
+    """Without llama.cpp (SSMCC_LLAMA_CPP unset) the ssmcc contenders still run, each round."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "SSMCC_LLAMA_CPP"}
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.interleaved_decode",
+        "--model",
+        "mamba-tiny",
+        "--rounds",
+        "2",
+        "--new-tokens",
+        "4",
+        "--prompt-length",
+        "5",
+        "--targets",
+        "torch",
+        "--quantize",
+        "none,int8",
+        "--out",
+        str(tmp_path),
+    ]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=400, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "llama.cpp skipped" in done.stderr
+    result = json.loads((tmp_path / "decode_interleaved.json").read_text())
+    assert len(result["rounds"]) == 2
+    assert set(result["summary"]) == {"ssmcc-torch", "ssmcc-torch-int8"}
+    assert all(row["ms_per_token"] > 0 for row in result["summary"].values())

@@ -175,6 +175,15 @@ def test_onnx_step_uses_the_library_kernel_and_int8_initializers(small_mamba, tm
     assert len(int8) == 2 * small_mamba.config.num_hidden_layers + 1
     prefill = onnx.load(str(folder / "prefill.onnx"), load_external_data=False)
     assert "DequantizeLinear" in {n.op_type for n in prefill.graph.node}
+    # the chunk program's head runs on the last position only: one row per sequence
+    chunk = onnx.load(str(folder / "chunk.onnx"), load_external_data=False)
+    assert [n.op_type for n in chunk.graph.node].count("QuantizedLinear") == 1
+    ids = torch.randint(0, 300, (2, 11))
+    torch.testing.assert_close(
+        compiled.prefill(ids, last_only=True, chunk_size=4)[0],
+        compiled(ids)[:, -1],
+        **KERNEL_TOLERANCE,
+    )
 
     proto = onnx.load(str(folder / "step.onnx"), load_external_data=False)
     index = next(i for i, f in enumerate(proto.functions) if f.name == "QuantizedLinear")
