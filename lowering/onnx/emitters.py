@@ -541,7 +541,7 @@ ONNX_TABLE: dict[str, Emitter] = {
     ),
     "quantized_linear": Emitter(
         "ssmcc.QuantizedLinear / HalfLinear node where rows are few (decode), + portable body; "
-        "standard DequantizeLinear (or Cast) + Gemm where rows include positions (prefill)",
+        "standard DequantizeLinear (or Cast) + MatMul where rows include positions (prefill)",
         emit_quantized_linear,
     ),
     "quantized_embedding": Emitter(
