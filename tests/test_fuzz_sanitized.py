@@ -80,3 +80,38 @@ def test_fuzz_corpus_under_sanitizers():
     assert "AddressSanitizer" not in done.stderr and "runtime error" not in done.stderr, report
     assert "sanitized: True" in done.stdout, report  # the instrumented libraries ran
     assert "fuzz: 0 failure(s)" in done.stdout, report
+
+
+# The quantised-weight kernels over odd shapes: partial row blocks, vector tails, groups, empty
+# inputs, every storage; values against the reference, memory against the sanitizers.
+_QUANTIZED = """
+import random, torch
+from ssmcc.kernels.cpu import native
+from ssmcc.kernels.cpu.quantized_binding import dequantize_cpu, quantized_linear_cpu
+from ssmcc.ops.quantized_linear import SCHEMES, dequantize_weight, quantize_weight
+from ssmcc.ops.quantized_linear import quantized_linear_ref
+assert native.available()
+rng = random.Random(0)
+for case in range(300):
+    scheme = rng.choice(sorted(SCHEMES))
+    group = SCHEMES[scheme][1] or 1
+    cols = group * rng.choice((1, 2, 3)) + (0 if group > 1 else rng.choice((0, 1, 5, 17, 40)))
+    rows, out = rng.choice((0, 1, 2, 7, 8, 9, 13)), rng.choice((1, 3, 8, 9, 17, 37))
+    stored, scale = quantize_weight(torch.randn(out, max(cols, 1)), scheme)
+    x = torch.randn(rows, max(cols, 1))
+    bias = torch.randn(out) if rng.random() < 0.5 else None
+    got = quantized_linear_cpu(x, stored, scale, bias)
+    want = quantized_linear_ref(x, stored, scale, bias)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(dequantize_cpu(stored, scale), dequantize_weight(stored, scale))
+print("quantized: ok")
+"""
+
+
+@pytest.mark.slow
+def test_quantized_kernels_under_sanitizers():
+    done = _sanitized("-c", _QUANTIZED)
+    report = (done.stdout + done.stderr)[-4000:]
+    assert done.returncode == 0, report
+    assert "AddressSanitizer" not in done.stderr and "runtime error" not in done.stderr, report
+    assert "quantized: ok" in done.stdout, report
