@@ -138,6 +138,17 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     compiled = ssmcc.compile(model, args.target, example_inputs, **options)
     for finding in compiled.report.findings:
         _progress(f"not rewritten: {finding}")
+    quantization = compiled.report.quantization
+    if quantization:
+        accuracy = quantization["accuracy"]
+        _progress(
+            f"quantized {quantization['scheme']}: {quantization['weights']} weights, "
+            f"{quantization['bytes_before'] / 2**20:.1f} MiB -> "
+            f"{quantization['bytes_after'] / 2**20:.1f} MiB; vs float on fixed prompts: logit "
+            f"cosine min {accuracy['logit_cosine_min']:.5f}, top-1 agreement "
+            f"{100 * accuracy['top1_agreement']:.1f}% ('ssmcc inspect --quantize' lists what "
+            "was kept)"
+        )
     if compiled.report.streaming != "yes":
         _progress(f"streaming {compiled.report.streaming}")
     _progress(f"writing {args.out}")

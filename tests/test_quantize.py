@@ -244,6 +244,7 @@ def test_cli_compile_quantize(tmp_path, capsys):
     from ssmcc.cli import main
 
     assert main(["compile", "mamba-tiny", "--quantize", "int8", "--out", str(tmp_path / "a")]) == 0
+    assert "quantized int8: 5 weights" in capsys.readouterr().err
     manifest = ssmcc.load(str(tmp_path / "a")).manifest
     assert manifest["quantization"]["scheme"] == "int8"
     assert manifest["quantization"]["accuracy"]["top1_agreement"] > 0.9
