@@ -9,6 +9,8 @@ Rules:
   ``ssmcc.quantized_linear(x, Wq, scale, b)``.
 - ``embedding``: ``aten.embedding(W, ids)`` -> ``ssmcc.quantized_embedding(ids, Wq, scale)``
   (cast back to W's dtype when that is not float32).
+- ``experts``: ``ssmcc.moe_experts``'s ``up`` / ``down`` (E, n, k) -> each expert's matrix
+  quantised as a linear weight, the call given ``up_scale`` / ``down_scale`` (E, n, G).
 - ``tied``: a weight read by both (an LM head tied to the embedding) is quantised once; its rows
   are the head's output channels, so the one (Wq, scale) pair serves both.
 
@@ -68,9 +70,20 @@ def _feeds_topk(node: Node, hops: int = ROUTER_HOPS) -> bool:
     return False
 
 
+MOE_EXPERTS = torch.ops.ssmcc.moe_experts.default
+EXPERT_SCALES = {3: "up_scale", 4: "down_scale"}  # moe_experts' weight argument -> its scale
+
+
 def _use_kind(user: Node, weight: Node) -> str | None:
-    """ "linear" / "embedding" when ``user`` reads ``weight`` as that op's weight, else None."""
+    """``"linear"`` / ``"embedding"`` / ``"experts"`` when ``user`` reads ``weight`` as that
+    op's weight, else None."""
     if user.op != "call_function":
+        return None
+    if user.target == MOE_EXPERTS:
+        slots = [i for i in EXPERT_SCALES if len(user.args) > i and user.args[i] is weight]
+        kwarg = EXPERT_SCALES[slots[0]] if len(slots) == 1 else None
+        if kwarg and user.kwargs.get(kwarg) is None and weight not in user.args[:3]:
+            return "experts"
         return None
     if user.target == aten.linear.default and len(user.args) >= 2 and user.args[1] is weight:
         if weight not in user.args[:1] + tuple(user.args[2:]) and not user.kwargs:
@@ -82,14 +95,14 @@ def _use_kind(user: Node, weight: Node) -> str | None:
 
 
 def _why_kept(node: Node, tensor: torch.Tensor, scheme: str) -> str | None:
-    """Why ``node`` (a 2-D float weight read by a linear or an embedding) stays as it is."""
+    """Why ``node`` (a float weight read by a linear, an embedding or experts) stays as it is."""
     kinds = {user: _use_kind(user, node) for user in node.users}
     others = [user for user, kind in kinds.items() if kind is None]
     if others:
         return f"also read by {others[0].target} at {location(others[0])}"
-    if not scheme_applies(scheme, tensor.shape[1]):
+    if not scheme_applies(scheme, tensor.shape[-1]):
         group = SCHEMES[scheme][1]
-        return f"its {tensor.shape[1]} columns are not a multiple of the group size {group}"
+        return f"its {tensor.shape[-1]} columns are not a multiple of the group size {group}"
     routers = [u for u, kind in kinds.items() if kind == "linear" and _feeds_topk(u)]
     if routers:
         return f"a router (its output chooses experts at {location(routers[0])}): kept exact"
@@ -118,7 +131,8 @@ def quantize_weights(program: ExportedProgram, ctx: PassContext) -> PassResult:
         if not tensor.dtype.is_floating_point:
             continue
         kinds = [_use_kind(user, node) for user in node.users]
-        if tensor.dim() != 2 or not any(kinds):
+        rank = 3 if "experts" in kinds else 2
+        if tensor.dim() != rank or not any(kinds):
             for user in list(node.users)[:1]:
                 others[_op_label(user)] += tensor.nbytes
             continue
@@ -126,7 +140,7 @@ def quantize_weights(program: ExportedProgram, ctx: PassContext) -> PassResult:
         if why is not None:
             reasons.append(f"{spec.target} {tuple(tensor.shape)} kept {tensor.dtype}: {why}")
             continue
-        stored, scale = quantize_weight(tensor, scheme)
+        stored, scale = _quantized(tensor, scheme)
         pair = []
         for suffix, value in (("quantized", stored), ("scale", scale)):
             target = f"{spec.target}.{suffix}"
@@ -148,6 +162,15 @@ def quantize_weights(program: ExportedProgram, ctx: PassContext) -> PassResult:
     return PassResult(_rebuilt(program, graph_module, new_specs, state_dict), True, hits)
 
 
+def _quantized(tensor: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_weight`` of a (n, k) weight, or of each expert's matrix of a (E, n, k) one."""
+    if tensor.dim() == 2:
+        return quantize_weight(tensor, scheme)
+    experts, rows, cols = tensor.shape
+    stored, scale = quantize_weight(tensor.reshape(experts * rows, cols), scheme)
+    return stored.reshape(experts, rows, cols), scale.reshape(experts, rows, -1)
+
+
 def _op_label(node: Node) -> str:
     target = node.target
     return getattr(target, "__name__", None) or str(target)
@@ -156,6 +179,12 @@ def _op_label(node: Node) -> str:
 def _rewrite_users(graph, node, stored, scale, fake_mode, dtype, hits: Counter) -> None:
     for user in list(node.users):
         kind = _use_kind(user, node)
+        if kind == "experts":  # the same call, reading the stored weight and its scale
+            index = next(i for i in EXPERT_SCALES if user.args[i] is node)
+            user.update_arg(index, stored)
+            user.update_kwarg(EXPERT_SCALES[index], scale)
+            hits[kind] += 1
+            continue
         with graph.inserting_before(user):
             if kind == "linear":
                 x, bias = user.args[0], (user.args[2] if len(user.args) > 2 else None)

@@ -80,7 +80,8 @@ def quantize_program(program, scheme: str, ctx: PassContext, accuracy_inputs: tu
     hits = report.records[0].stats
     return quantized, {
         "scheme": scheme,
-        "weights": hits.get("linear", 0) + hits.get("embedding", 0) - hits.get("tied", 0),
+        "weights": sum(hits.get(k, 0) for k in ("linear", "embedding", "experts"))
+        - hits.get("tied", 0),
         "bytes_before": _weight_bytes(program),
         "bytes_after": _weight_bytes(quantized),
         "kept": list(ctx.diagnostics.get("quantize_weights", [])),

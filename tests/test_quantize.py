@@ -313,32 +313,37 @@ def test_portable_int8_onnx_gives_the_same_tokens_in_stock_onnxruntime(
 
 
 FAMILY_CASES = [
-    pytest.param("jamba-tiny", "torch"),
-    pytest.param("jamba-tiny", "onnx", marks=SLOW),
-    pytest.param("mamba2-tiny", "onnx", marks=SLOW),
-    pytest.param("granite-hybrid-tiny", "onnx", marks=SLOW),
+    pytest.param("jamba-tiny", "torch", "int8"),
+    pytest.param("jamba-tiny", "onnx", "int8", marks=SLOW),
+    pytest.param("mamba2-tiny", "onnx", "int8", marks=SLOW),
+    pytest.param("granite-hybrid-tiny", "onnx", "bf16", marks=SLOW),
+    pytest.param("granite-hybrid-tiny", "torch", "int8-g32", marks=SLOW),
 ]
 
 
-@pytest.mark.parametrize(("preset", "target"), FAMILY_CASES)
-def test_quantised_hybrids_and_mamba2(preset, target):
-    """Attention projections and MLPs quantised, the MoE router kept exact (named in the report),
-    logits those of the quantised program's reference, decode its tokens."""
+@pytest.mark.parametrize(("preset", "target", "scheme"), FAMILY_CASES)
+def test_quantised_hybrids_and_mamba2(preset, target, scheme):
+    """Attention projections, MLPs and each expert's matrices quantised, the MoE router kept
+    exact (named in the report), logits those of the quantised program's reference, decode its
+    tokens."""
     from ssmcc.presets import build_preset
 
     model = build_preset(preset, seed=0)
-    ids = torch.randint(
-        0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(2)
-    )
-    reference = ssmcc.compile(model, target="torch", quantize="int8", kernels="reference")
+    generator = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=generator)
+    reference = ssmcc.compile(model, target="torch", quantize=scheme, kernels="reference")
     with torch.no_grad():
         expected = reference.program.module()(ids)
-    compiled = ssmcc.compile(model, target=target, quantize="int8")
+    compiled = ssmcc.compile(model, target=target, quantize=scheme)
     torch.testing.assert_close(compiled(ids), expected, rtol=1e-4, atol=1e-4)
     assert torch.equal(
         compiled.generate(ids, max_new_tokens=4), reference.generate(ids, max_new_tokens=4)
     )
     quantization = compiled.report.quantization
     assert quantization["accuracy"]["logit_cosine_min"] > 0.99
-    if preset != "mamba2-tiny":  # the hybrids here have experts: their routers stay float32
+    if preset != "mamba2-tiny":  # the hybrids here have experts: stored small, routers kept
         assert any("a router" in line for line in quantization["kept"])
+        assert compiled.report.rule_hits["quantize_weights.experts"] >= 2
+        stored = SCHEMES[scheme][0]
+        experts = [v for v in compiled.program.state_dict.values() if v.dim() == 3]
+        assert experts and all(v.dtype == stored for v in experts if v.dtype != torch.float32)

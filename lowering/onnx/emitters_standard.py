@@ -107,7 +107,37 @@ def _expert_ffn(x, up_e, down_e, width: int, activation: str, gated: bool):
     return op.MatMul(active, op.Transpose(down_e, perm=[1, 0]))
 
 
-def emit_moe_experts(hidden, top_k_index, top_k_weights, up, down, activation="silu", gated=True):
+def _experts_float(weights, scale):
+    """(E, rows, cols) expert weights as float: int8 through DequantizeLinear (per group of
+    cols / G, as ``ssmcc.quantized_linear``; the weights stay int8 initializers), 16-bit floats
+    through Cast and Mul, float ones through Cast."""
+    if scale is None:
+        return op.Cast(weights, to=onnx.TensorProto.FLOAT)
+    experts, rows, cols = (int(d) for d in weights.shape)
+    groups = int(scale.shape[2])
+    if "INT8" in str(weights.dtype).upper():
+        flat = op.Reshape(weights, op.Constant(value_ints=[experts * rows * groups, -1]))
+        widened = op.DequantizeLinear(flat, op.Reshape(scale, op.Constant(value_ints=[-1])), axis=0)
+    else:
+        grouped = op.Reshape(
+            op.Cast(weights, to=onnx.TensorProto.FLOAT),
+            op.Constant(value_ints=[experts, rows, groups, -1]),
+        )
+        widened = op.Mul(grouped, op.Unsqueeze(scale, [3]))
+    return op.Reshape(widened, op.Constant(value_ints=[experts, rows, cols]))
+
+
+def emit_moe_experts(
+    hidden,
+    top_k_index,
+    top_k_weights,
+    up,
+    down,
+    activation="silu",
+    gated=True,
+    up_scale=None,
+    down_scale=None,
+):
     """Per expert (unrolled: the expert count is the weights' static dim 0): the (token, slot)
     pairs that chose it (NonZero), those tokens' rows, the expert's two products, the router
     weight, and a ScatterND add into the output. Every token chooses an expert at most once, so
@@ -115,7 +145,7 @@ def emit_moe_experts(hidden, top_k_index, top_k_weights, up, down, activation="s
     x = op.Cast(hidden, to=onnx.TensorProto.FLOAT)
     index = op.Cast(top_k_index, to=onnx.TensorProto.INT64)
     weights = op.Cast(top_k_weights, to=onnx.TensorProto.FLOAT)
-    up_f, down_f = op.Cast(up, to=onnx.TensorProto.FLOAT), op.Cast(down, to=onnx.TensorProto.FLOAT)
+    up_f, down_f = _experts_float(up, up_scale), _experts_float(down, down_scale)
     out = op.ConstantOfShape(op.Shape(x), value=_FLOAT_ZERO)
     for expert in range(int(up.shape[0])):
         which = op.Constant(value_int=expert)

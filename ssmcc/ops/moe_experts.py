@@ -7,6 +7,10 @@ Shapes (t = tokens, k = experts per token, E = experts, d = hidden, i = expert w
 
 with ``u = 2i`` when ``gated`` (the rows ``[gate; up]`` stacked) and ``u = i`` otherwise.
 
+Weights stored small (``quantize=``): ``up_scale`` (E, u, G) / ``down_scale`` (E, d, G') given,
+``up`` / ``down`` are int8, bfloat16 or float16 and each expert's matrix is dequantised per group
+as ``ssmcc.quantized_linear``'s weight is (``up[e] * up_scale[e]`` per group of d / G inputs).
+
 Math, for token ``t`` and its chosen experts ``e_j`` with weights ``w_j``::
 
     a_j   = act(G_j x_t) * (U_j x_t)      gated:      [G_j; U_j] = up[e_j]
@@ -28,6 +32,7 @@ from torch import Tensor
 
 from ssmcc.ops._shapes import expect, expect_rank
 from ssmcc.ops.contracts import register_positionwise
+from ssmcc.ops.quantized_linear import STORAGE_DTYPES, dequantize_weight
 
 OP = "moe_experts"
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu", "relu2")
@@ -45,10 +50,47 @@ def activate(x: Tensor, activation: str) -> Tensor:
     return F.relu(x).square()
 
 
-def check_moe_experts_args(hidden, top_k_index, top_k_weights, up, down, activation, gated):
+def _check_scale(name: str, weight, scale) -> None:
+    if scale is None:
+        return
+    expect(
+        weight.dtype in STORAGE_DTYPES,
+        OP,
+        f"{name} with a scale must be stored as int8, bfloat16 or float16, got {weight.dtype}",
+    )
+    expect(
+        scale.dim() == 3
+        and tuple(scale.shape[:2]) == tuple(weight.shape[:2])
+        and scale.dtype == torch.float32
+        and weight.shape[2] % scale.shape[2] == 0,
+        OP,
+        f"{name}_scale must be float32 (experts, rows, groups) = ({weight.shape[0]}, "
+        f"{weight.shape[1]}, G) with G dividing {weight.shape[2]}, got "
+        f"{tuple(scale.shape)} {scale.dtype}",
+    )
+
+
+def expert_matrix(weights: Tensor, scale: Tensor | None, expert: int) -> Tensor:
+    """Expert ``expert``'s matrix in float32 (dequantised when stored small)."""
+    if scale is None:
+        return weights[expert].float()
+    return dequantize_weight(weights[expert], scale[expert])
+
+
+def check_moe_experts_args(
+    hidden, top_k_index, top_k_weights, up, down, activation, gated, up_scale=None, down_scale=None
+):
+    _check_scale("up", up, up_scale)
+    _check_scale("down", down, down_scale)
     expect_rank(OP, "hidden", hidden, (2,), "(tokens, hidden)")
-    expect_rank(OP, "up", up, (3,), "(experts, up_rows, hidden)")
-    expect_rank(OP, "down", down, (3,), "(experts, hidden, width)")
+    for name, weight, scale, layout in (
+        ("up", up, up_scale, "(experts, up_rows, hidden)"),
+        ("down", down, down_scale, "(experts, hidden, width)"),
+    ):
+        if scale is None:
+            expect_rank(OP, name, weight, (3,), layout)
+        else:  # stored small: _check_scale checked its dtype
+            expect(weight.dim() == 3, OP, f"{name} must have shape {layout}")
     expect(
         activation in ACTIVATIONS,
         OP,
@@ -95,23 +137,27 @@ def moe_experts_ref(
     down: Tensor,
     activation: str = "silu",
     gated: bool = True,
+    up_scale: Tensor | None = None,
+    down_scale: Tensor | None = None,
 ) -> Tensor:
     """Reference: per expert, the tokens that chose it, two products, a weighted scatter-add."""
-    check_moe_experts_args(hidden, top_k_index, top_k_weights, up, down, activation, gated)
+    check_moe_experts_args(
+        hidden, top_k_index, top_k_weights, up, down, activation, gated, up_scale, down_scale
+    )
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     x = hidden.float()
     for expert in torch.unique(top_k_index).tolist():
         if not 0 <= expert < up.shape[0]:
             continue  # an index outside the experts (expert parallelism's sentinel) adds nothing
         tokens, slot = torch.where(top_k_index == expert)
-        projected = x[tokens] @ up[expert].float().T
+        projected = x[tokens] @ expert_matrix(up, up_scale, expert).T
         if gated:
             gate, value = projected.chunk(2, dim=-1)
             active = activate(gate, activation) * value
         else:
             active = activate(projected, activation)
         weight = top_k_weights[tokens, slot].float()[:, None]
-        out.index_add_(0, tokens, (active @ down[expert].float().T) * weight)
+        out.index_add_(0, tokens, (active @ expert_matrix(down, down_scale, expert).T) * weight)
     return out.to(hidden.dtype)
 
 
@@ -124,14 +170,30 @@ def moe_experts(
     down: Tensor,
     activation: str = "silu",
     gated: bool = True,
+    up_scale: Tensor | None = None,
+    down_scale: Tensor | None = None,
 ) -> Tensor:
     """The chosen experts' outputs, weighted and summed per token."""
-    return moe_experts_ref(hidden, top_k_index, top_k_weights, up, down, activation, gated)
+    return moe_experts_ref(
+        hidden, top_k_index, top_k_weights, up, down, activation, gated, up_scale, down_scale
+    )
 
 
 @moe_experts.register_fake
-def _moe_experts_fake(hidden, top_k_index, top_k_weights, up, down, activation="silu", gated=True):
-    check_moe_experts_args(hidden, top_k_index, top_k_weights, up, down, activation, gated)
+def _moe_experts_fake(
+    hidden,
+    top_k_index,
+    top_k_weights,
+    up,
+    down,
+    activation="silu",
+    gated=True,
+    up_scale=None,
+    down_scale=None,
+):
+    check_moe_experts_args(
+        hidden, top_k_index, top_k_weights, up, down, activation, gated, up_scale, down_scale
+    )
     return hidden.new_empty(hidden.shape)
 
 
