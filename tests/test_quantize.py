@@ -133,13 +133,16 @@ def small_mamba():
     return make_hf_model("mamba", hidden_size=64, vocab_size=300, seed=3)
 
 
-# The default run covers each storage on each target once (group sizes on torch); the rest is slow.
-DEFAULT_CASES = {("torch", "int8"), ("torch", "int8-g64"), ("torch", "fp16"), ("onnx", "int8")}
-DEFAULT_CASES |= {("onnx", "bf16")}
+# The default run covers each storage on each target once (a group size on torch); the slow run
+# adds a group size on ONNX and bf16 on torch (the other group sizes and fp16 take these paths).
 TARGET_CASES = [
-    pytest.param(target, scheme, marks=() if (target, scheme) in DEFAULT_CASES else SLOW)
-    for target in ("torch", "onnx")
-    for scheme in SCHEME_NAMES
+    ("torch", "int8"),
+    ("torch", "int8-g64"),
+    ("torch", "fp16"),
+    ("onnx", "int8"),
+    ("onnx", "bf16"),
+    pytest.param("onnx", "int8-g32", marks=SLOW),
+    pytest.param("torch", "bf16", marks=SLOW),
 ]
 
 
@@ -273,6 +276,17 @@ def _greedy_agreement(model, compiled, prompts) -> float:
     return agree / total
 
 
+def test_the_trained_model_has_learnt_its_text(trained_mamba_model):
+    """The fixture is what these tests need: on held-out bytes its loss is far below a random
+    model's of the same config (ln 256 = 5.5 nats/byte). Here, not in a module of its own, so
+    that one pytest-xdist worker trains it."""
+    from tests.trained_models import held_out_ids, next_byte_loss, untrained_mamba
+
+    held_out = held_out_ids()[:384]
+    assert next_byte_loss(trained_mamba_model, held_out) < 3.0
+    assert next_byte_loss(untrained_mamba(), held_out) > 5.0
+
+
 def test_int8_per_channel_accuracy_on_a_trained_mamba(trained_mamba_model):
     from ssmcc.runtime.quantization_report import quantization_accuracy
     from tests.trained_models import prompts
@@ -314,15 +328,13 @@ def test_portable_int8_onnx_gives_the_same_tokens_in_stock_onnxruntime(
 
 FAMILY_CASES = [
     pytest.param("jamba-tiny", "torch", "int8"),
-    pytest.param("jamba-tiny", "onnx", "int8", marks=SLOW),
-    pytest.param("mamba2-tiny", "onnx", "int8", marks=SLOW),
-    pytest.param("granite-hybrid-tiny", "onnx", "bf16", marks=SLOW),
-    pytest.param("granite-hybrid-tiny", "torch", "int8-g32", marks=SLOW),
+    pytest.param("jamba-tiny", "onnx", "int8", marks=SLOW),  # experts through DequantizeLinear
+    pytest.param("granite-hybrid-tiny", "onnx", "bf16", marks=SLOW),  # experts through Cast
 ]
 
 
 @pytest.mark.parametrize(("preset", "target", "scheme"), FAMILY_CASES)
-def test_quantised_hybrids_and_mamba2(preset, target, scheme):
+def test_quantised_hybrids(preset, target, scheme):
     """Attention projections, MLPs and each expert's matrices quantised, the MoE router kept
     exact (named in the report), logits those of the quantised program's reference, decode its
     tokens."""
@@ -341,9 +353,8 @@ def test_quantised_hybrids_and_mamba2(preset, target, scheme):
     )
     quantization = compiled.report.quantization
     assert quantization["accuracy"]["logit_cosine_min"] > 0.99
-    if preset != "mamba2-tiny":  # the hybrids here have experts: stored small, routers kept
-        assert any("a router" in line for line in quantization["kept"])
-        assert compiled.report.rule_hits["quantize_weights.experts"] >= 2
-        stored = SCHEMES[scheme][0]
-        experts = [v for v in compiled.program.state_dict.values() if v.dim() == 3]
-        assert experts and all(v.dtype == stored for v in experts if v.dtype != torch.float32)
+    assert any("a router" in line for line in quantization["kept"])  # routers stay float32
+    assert compiled.report.rule_hits["quantize_weights.experts"] >= 2
+    stored = SCHEMES[scheme][0]
+    experts = [v for v in compiled.program.state_dict.values() if v.dim() == 3]
+    assert experts and all(v.dtype == stored for v in experts if v.dtype != torch.float32)
