@@ -63,7 +63,7 @@ def _feeds_topk(node: Node, hops: int = ROUTER_HOPS) -> bool:
     if hops == 0:
         return False
     for user in node.users:
-        if user.op == "call_function" and user.target in (aten.topk.default,):
+        if user.op == "call_function" and user.target == aten.topk.default:
             return True
         if _feeds_topk(user, hops - 1):
             return True
@@ -133,8 +133,9 @@ def quantize_weights(program: ExportedProgram, ctx: PassContext) -> PassResult:
         kinds = [_use_kind(user, node) for user in node.users]
         rank = 3 if "experts" in kinds else 2
         if tensor.dim() != rank or not any(kinds):
-            for user in list(node.users)[:1]:
-                others[_op_label(user)] += tensor.nbytes
+            reader = next(iter(node.users), None)
+            if reader is not None:
+                others[_op_label(reader)] += tensor.nbytes
             continue
         why = _why_kept(node, tensor, scheme)
         if why is not None:

@@ -73,21 +73,24 @@ def _weight_bytes(program) -> int:
 def quantize_program(program, scheme: str, ctx: PassContext, accuracy_inputs: tuple):
     """``quantize_weights`` over the pipeline's program, and what it did: the scheme, weights
     stored small, bytes before/after, weights kept and why, and the accuracy against the float
-    program on ``accuracy_inputs`` (``quantization_report``)."""
+    program on ``accuracy_inputs`` (``quantization_report``); and the pass's records."""
     ctx.options["quantize_weights"] = {"scheme": scheme}
     quantized, report = run_passes(program, [quantize_weights], ctx)
     verify_program(quantized, after="quantize_weights")
     hits = report.records[0].stats
-    return quantized, {
-        "scheme": scheme,
-        "weights": sum(hits.get(k, 0) for k in ("linear", "embedding", "experts"))
-        - hits.get("tied", 0),
-        "bytes_before": _weight_bytes(program),
-        "bytes_after": _weight_bytes(quantized),
-        "kept": list(ctx.diagnostics.get("quantize_weights", [])),
-        "accuracy": quantization_accuracy(program, quantized, accuracy_inputs),
-        "records": report.records,
-    }
+    return (
+        quantized,
+        {
+            "scheme": scheme,
+            "weights": sum(hits.get(k, 0) for k in ("linear", "embedding", "experts"))
+            - hits.get("tied", 0),
+            "bytes_before": _weight_bytes(program),
+            "bytes_after": _weight_bytes(quantized),
+            "kept": list(ctx.diagnostics.get("quantize_weights", [])),
+            "accuracy": quantization_accuracy(program, quantized, accuracy_inputs),
+        },
+        report.records,
+    )
 
 
 def _unsupported_ops(target: str) -> dict[str, str]:
@@ -166,8 +169,10 @@ def compile(
     quantization = None
     if opts.quantize != "none":
         accuracy_inputs = (fixed_prompts(vocab_size),) if token_model else tuple(example_inputs)
-        program, quantization = quantize_program(program, opts.quantize, ctx, accuracy_inputs)
-        pipeline_report.records += quantization.pop("records")
+        program, quantization, records = quantize_program(
+            program, opts.quantize, ctx, accuracy_inputs
+        )
+        pipeline_report.records += records
     programs = ProgramSet(
         program, token_model=token_model, static_length=static_length, verify=opts.verify
     )
