@@ -25,6 +25,7 @@ from ssmcc.runtime.artifact import read_manifest
 from ssmcc.runtime.compiled import CompiledModel
 from ssmcc.runtime.quantization_report import fixed_prompts, quantization_accuracy
 from ssmcc.runtime.report import CompileReport
+from ssmcc.runtime.text import check_tokenizer_fits, tokenizer_of
 
 DEFAULT_EXAMPLE_LENGTH = 16
 
@@ -102,6 +103,8 @@ def compile(
     model: nn.Module | ExportedProgram,
     target: str = DEFAULT_TARGET,
     example_inputs=None,
+    *,
+    tokenizer="auto",
     **options,
 ) -> CompiledModel:
     """Compile ``model`` for ``target`` (``ssmcc coverage`` lists the targets).
@@ -125,8 +128,14 @@ def compile(
     the model is captured from a copy in that dtype; the ssmcc ops compute in float32 inside and
     return the model's dtype, their states keep the dtype their contracts name) and ``quantize``
     (as the target implements).
+
+    ``tokenizer``: a Hugging Face tokenizer (or the folder it was saved in) kept with the compiled
+    model and in its artifact, for text in and out (``generate("text")``, ``ssmcc run
+    --prompt``); "auto" (default): the one saved beside the checkpoint the model was loaded from,
+    if any; None: none.
     """
     opts = compile_options(target, COMPILE, options)
+    kept_tokenizer = tokenizer_of(model, tokenizer)
     if opts.dtype is not None:
         if isinstance(model, ExportedProgram):
             raise OptionError(
@@ -137,6 +146,7 @@ def compile(
     started = time.perf_counter()
     token_model = is_hf_model(model)
     vocab_size = vocab_size_of(model) if token_model else None
+    check_tokenizer_fits(kept_tokenizer, vocab_size)
     if example_inputs is None and not isinstance(model, ExportedProgram):
         if not token_model or vocab_size is None:
             raise InputError(
@@ -199,7 +209,9 @@ def compile(
         streaming="yes" if programs.refusal is None else f"no: {programs.refusal}",
         quantization=quantization,
     )
-    return CompiledModel(executable, opts, info, program=program, report=report)
+    return CompiledModel(
+        executable, opts, info, program=program, report=report, tokenizer=kept_tokenizer
+    )
 
 
 def load(artifact_dir: str, verify: bool = True, **options) -> CompiledModel:

@@ -4,8 +4,8 @@
                                  passes, print the report
     ssmcc compile MODEL --target torch|onnx --out DIR
                                  write a deployable artifact (model files + manifest.json)
-    ssmcc run DIR|MODEL --prompt-ids 1,2,3 --max-new-tokens N
-                                 generate, printing tokens as they come
+    ssmcc run DIR|MODEL --prompt "text" | --prompt-ids 1,2,3 --max-new-tokens N
+                                 generate, printing text (or token ids) as it comes
     ssmcc presets                list the built-in models
     ssmcc coverage               which backend supports which ssmcc op
 
@@ -40,7 +40,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from ssmcc.api import default_example_ids
     from ssmcc.options import DEFAULT_TARGET
     from ssmcc.passes import format_program
-    from ssmcc.presets import load_model
+    from ssmcc.presets import check_model_spec, load_model
 
     options = {
         "pipeline": args.pipeline,
@@ -49,6 +49,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         "quantize": args.quantize,
     }
     _check_options(DEFAULT_TARGET, options)
+    if not args.model.endswith(".pt2"):
+        check_model_spec(args.model)
     started = time.perf_counter()
     _progress(f"loading {args.model}")
     if args.model.endswith(".pt2"):
@@ -63,7 +65,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
             f"{args.seq_len}, {how})"
         )
     compiled = ssmcc.compile(model, DEFAULT_TARGET, example_inputs, **options)
-    _progress(f"done in {time.perf_counter() - started:.1f}s")
+    _progress(
+        f"done in {time.perf_counter() - started:.1f}s (the compile itself: "
+        f"{compiled.report.compile_seconds:.1f}s, the report's 'time' line)"
+    )
     if args.json:
         print(compiled.report.to_json())
     else:
@@ -109,7 +114,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
     import ssmcc
     from ssmcc.api import default_example_ids
-    from ssmcc.presets import load_model
+    from ssmcc.presets import check_model_spec, load_model
 
     if os.path.exists(args.out) and not args.overwrite:
         print(
@@ -125,8 +130,11 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         **_target_options(args, "compile"),
     }
     _check_options(args.target, options)
+    if not args.model.endswith(".pt2"):
+        check_model_spec(args.model)
     started = time.perf_counter()
     _progress(f"loading {args.model}")
+    tokenizer = None
     if args.model.endswith(".pt2"):
         model, example_inputs = _load_exported_program(args.model), None
         name = "the exported program"
@@ -134,8 +142,11 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         model = load_model(args.model)
         example_inputs = (default_example_ids(model.config.vocab_size, args.seq_len),)
         name = type(model).__name__
+        tokenizer = _tokenizer_folder(args.model)
+        if tokenizer is not None:
+            _progress(f"keeping the tokenizer of {args.model} in the artifact")
     _progress(f"compiling {name} for target {args.target}")
-    compiled = ssmcc.compile(model, args.target, example_inputs, **options)
+    compiled = ssmcc.compile(model, args.target, example_inputs, tokenizer=tokenizer, **options)
     for finding in compiled.report.findings:
         _progress(f"not rewritten: {finding}")
     quantization = compiled.report.quantization
@@ -167,15 +178,32 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _token_list(text: str) -> list[int]:
+    entries = text.replace(" ", "").split(",")
+    if entries == [""]:
+        raise argparse.ArgumentTypeError("the prompt needs at least one token id")
+    if "" in entries:
+        raise argparse.ArgumentTypeError(
+            f"empty entry in {text!r}: give token ids separated by single commas, e.g. 1,2,3"
+        )
     try:
-        ids = [int(x) for x in text.replace(" ", "").split(",") if x]
+        ids = [int(x) for x in entries]
     except ValueError as error:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated token ids, got {text!r}"
         ) from error
-    if not ids:
-        raise argparse.ArgumentTypeError("the prompt needs at least one token id")
+    negative = [i for i in ids if i < 0]
+    if negative:
+        raise argparse.ArgumentTypeError(f"token ids are >= 0, got {negative[0]} in {text!r}")
     return ids
+
+
+def _tokenizer_folder(model: str):
+    """The tokenizer to keep when compiling ``model``: its folder when it holds one, else None."""
+    import os
+
+    from ssmcc.runtime.text import has_tokenizer
+
+    return model if os.path.isdir(model) and has_tokenizer(model) else None
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -185,48 +213,85 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     import ssmcc
 
-    started = time.perf_counter()
     options = {"kernels": args.kernels}
     if args.chunk_size is not None:
         options["chunk_size"] = args.chunk_size
-    if os.path.isdir(args.model) and os.path.isfile(os.path.join(args.model, "manifest.json")):
+    artifact = os.path.isdir(args.model) and os.path.isfile(
+        os.path.join(args.model, "manifest.json")
+    )
+    started = time.perf_counter()
+    if artifact:
         _progress(f"loading artifact {args.model}")
         compiled = ssmcc.load(args.model, **options, **_target_options(args, "load"))
     else:
         from ssmcc.options import DEFAULT_TARGET
-        from ssmcc.presets import load_model
+        from ssmcc.presets import check_model_spec, load_model
 
+        check_model_spec(args.model)
         _progress(f"loading {args.model} and compiling it for the {DEFAULT_TARGET} target")
         compiled = ssmcc.compile(
-            load_model(args.model), DEFAULT_TARGET, **options, **_target_options(args, "compile")
+            load_model(args.model),
+            DEFAULT_TARGET,
+            tokenizer=_tokenizer_folder(args.model),
+            **options,
+            **_target_options(args, "compile"),
         )
-    prompt = torch.tensor([args.prompt_ids])
-    _progress(
-        f"ready in {time.perf_counter() - started:.1f}s; generating {args.max_new_tokens} token(s)"
-    )
-    first = None
-    count = 0
-    begin = time.perf_counter()
-    for token in compiled.stream(
-        prompt,
-        args.max_new_tokens,
+    sampling = dict(
         do_sample=args.temperature > 0,
         temperature=args.temperature or 1.0,
         top_k=args.top_k,
         top_p=args.top_p,
         seed=args.seed,
-        eos_token_id=args.eos_id,
-    ):
-        first = first or time.perf_counter() - begin
-        count += 1
-        print(int(token[0]), end=" ", flush=True)
+    )
+    if args.eos_id is not None:
+        sampling["eos_token_id"] = args.eos_id
+    if args.prompt is not None:
+        if compiled.tokenizer is None:
+            raise SSMCCError(
+                f"{args.model} has no tokenizer, so --prompt cannot be encoded: compile it from a "
+                "model folder that holds one (tokenizer.save_pretrained beside the weights), or "
+                "pass --prompt-ids"
+            )
+        pieces = compiled.stream_text(args.prompt, args.max_new_tokens, **sampling)
+        print(args.prompt, end="", flush=True)
+    else:
+        pieces = (
+            f"{int(token[0])} "
+            for token in compiled.stream(
+                torch.tensor([args.prompt_ids]), args.max_new_tokens, **sampling
+            )
+        )
+    _progress(
+        f"ready in {time.perf_counter() - started:.1f}s; generating up to "
+        f"{args.max_new_tokens} token(s)"
+    )
+    first, count, begin = None, 0, time.perf_counter()
+    for piece in _counted(pieces):
+        if piece is _TOKEN:
+            first = first or time.perf_counter() - begin
+            count += 1
+            continue
+        print(piece, end="", flush=True)
     print()
     total = time.perf_counter() - begin
+    if count == 0:
+        _progress("no token generated")
+        return 0
     rate = (count - 1) / (total - first) if count > 1 and total > first else float("nan")
     _progress(
         f"{count} token(s); time to first token {first * 1e3:.0f} ms, then {rate:.1f} tokens/s"
     )
     return 0
+
+
+_TOKEN = object()  # marks "one more token" in the stream _counted yields
+
+
+def _counted(pieces):
+    """``pieces`` with ``_TOKEN`` before each (a text piece per token, possibly empty)."""
+    for piece in pieces:
+        yield _TOKEN
+        yield piece
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
@@ -401,17 +466,25 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run",
         help="generate tokens, streaming them as they come",
-        description="Prefill PROMPT_IDS, then decode one token at a time with the recurrent step "
-        "graph, printing each token id as soon as it is chosen. DIR is an artifact written by "
-        "'ssmcc compile'; a preset or model directory is compiled for the torch target first.",
+        description="Prefill the prompt, then decode one token at a time with the recurrent step "
+        "graph, printing each token (as text with --prompt, as ids with --prompt-ids) as soon as "
+        "it is chosen. DIR is an artifact written by 'ssmcc compile'; a preset or model "
+        "directory is compiled for the torch target first.",
     )
     run.add_argument("model", metavar="DIR|MODEL", help="artifact directory, preset or model dir")
-    run.add_argument(
+    prompt = run.add_mutually_exclusive_group(required=True)
+    prompt.add_argument(
+        "--prompt",
+        metavar="TEXT",
+        help="prompt text, encoded with the model's tokenizer (kept in the artifact when the "
+        "model folder holds one); the text is printed as it is generated, up to the "
+        "tokenizer's end-of-sequence token",
+    )
+    prompt.add_argument(
         "--prompt-ids",
         type=_token_list,
-        required=True,
         metavar="IDS",
-        help="comma-separated prompt token ids, e.g. 1,2,3",
+        help="comma-separated prompt token ids, e.g. 1,2,3 (token ids are printed back)",
     )
     run.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (>= 1)")
     run.add_argument(
@@ -423,7 +496,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
     run.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with mass p")
     run.add_argument("--seed", type=int, help="random seed for sampling")
-    run.add_argument("--eos-id", type=int, help="stop when every row produced this token")
+    run.add_argument(
+        "--eos-id",
+        type=int,
+        help="stop at this token (default with --prompt: the tokenizer's end-of-sequence token)",
+    )
     _add_option(
         run,
         OPTIONS["chunk_size"],

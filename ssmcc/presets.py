@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Callable
 
 import torch
@@ -139,6 +140,7 @@ PRESETS.update(
 )
 
 DEFAULT_PRESET = "mamba-tiny"
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 def build_preset(name: str, seed: int = 0) -> nn.Module:
@@ -152,17 +154,34 @@ def build_preset(name: str, seed: int = 0) -> nn.Module:
     return model.eval()
 
 
+def check_model_spec(spec: str) -> None:
+    """``InputError`` unless ``spec`` is a local directory or a preset name; a name shaped like a
+    Hugging Face Hub id (``org/name``) gets how to put that checkpoint on disk."""
+    if os.path.isdir(spec) or spec in PRESETS:
+        return
+    if os.path.exists(spec):
+        raise InputError(f"{spec} is a file; a model is a directory (config.json + weights)")
+    if _HUB_ID.fullmatch(spec):
+        folder = "./" + spec.rsplit("/", 1)[1]
+        raise InputError(
+            f"{spec!r} is not a local directory; if it is a Hugging Face Hub id, ssmcc downloads "
+            f"nothing: on a machine with network run 'hf download {spec} --local-dir {folder}' "
+            f"(huggingface_hub's CLI), then pass {folder}"
+        )
+    known = ", ".join(PRESETS)
+    raise InputError(
+        f"{spec!r} is neither a local model directory nor a preset; presets: {known}. "
+        "(Nothing is downloaded: save a model with save_pretrained, or fetch a checkpoint with "
+        "'hf download REPO --local-dir DIR', and pass its directory.)"
+    )
+
+
 def load_model(spec: str) -> nn.Module:
     """A local model directory (Hugging Face or mamba_ssm format: ``config.json`` + weights;
     ``ssmcc.frontend.checkpoints``) or a preset name."""
+    check_model_spec(spec)
     if os.path.isdir(spec):
         from ssmcc.frontend.checkpoints import load_checkpoint
 
         return load_checkpoint(spec)
-    if spec in PRESETS:
-        return build_preset(spec)
-    known = ", ".join(PRESETS)
-    raise InputError(
-        f"{spec!r} is neither a local model directory nor a preset; presets: {known}. "
-        "(Nothing is downloaded: save a model with save_pretrained and pass its directory.)"
-    )
+    return build_preset(spec)

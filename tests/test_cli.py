@@ -64,6 +64,22 @@ def test_bad_arguments_give_one_line_errors(argv, message, capsys):
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", ["run", "compile", "inspect"])
+def test_a_missing_model_is_reported_before_anything_else(command, tmp_path, capsys):
+    extra = {"run": ["--prompt-ids", "1"], "compile": ["--out", str(tmp_path / "o")]}
+    missing = str(tmp_path / "nonexistent_dir")
+    assert main([command, missing, *extra.get(command, [])]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"ssmcc: error: {missing!r} is neither a local model directory nor a preset; presets: "
+        + err.split("presets: ", 1)[1].splitlines()[0]
+    ]  # one line: nothing was announced, loaded or compiled first
+    assert main([command, "state-spaces/mamba-130m-hf", *extra.get(command, [])]) == 1
+    err = capsys.readouterr().err
+    assert "hf download state-spaces/mamba-130m-hf --local-dir ./mamba-130m-hf" in err
+    assert len(err.splitlines()) == 1
+
+
 def test_directory_without_config(tmp_path, capsys):
     assert main(["inspect", str(tmp_path)]) == 1
     assert "has no config.json" in capsys.readouterr().err
@@ -120,6 +136,9 @@ def test_cli_defaults_come_from_the_options():
     "argv,message",
     [
         (["run", "mamba-tiny", "--prompt-ids", "1,x"], "expected comma-separated token ids"),
+        (["run", "mamba-tiny", "--prompt-ids", "1,,2"], "empty entry in '1,,2'"),
+        (["run", "mamba-tiny", "--prompt-ids", "1,-2"], "token ids are >= 0, got -2"),
+        (["run", "mamba-tiny", "--prompt-ids", "1", "--prompt", "a"], "not allowed with"),
         (
             ["run", "mamba-tiny", "--prompt-ids", "1", "--max-new-tokens", "0"],
             "max_new_tokens must be an integer >= 1",

@@ -24,9 +24,26 @@ from ssmcc.options import Options, check_chunk_size
 from ssmcc.runtime.artifact import sha256_of, write_artifact
 from ssmcc.runtime.chunked import run_chunks
 from ssmcc.runtime.generation import Sampling, check_eos_token_id, stream
+from ssmcc.runtime.manifest import MANIFEST
 from ssmcc.runtime.prefix_cache import PrefixCache
+from ssmcc.runtime.prompts import prompt_rows
 from ssmcc.runtime.report import CompileReport
 from ssmcc.runtime.state import State, check_state
+from ssmcc.runtime.text import (
+    TextStream,
+    before_eos,
+    decode,
+    encode,
+    load_tokenizer,
+    save_tokenizer,
+)
+
+
+def _is_text(prompts) -> bool:
+    """A text prompt, or a non-empty list of them."""
+    if isinstance(prompts, str):
+        return True
+    return isinstance(prompts, (list, tuple)) and bool(prompts) and isinstance(prompts[0], str)
 
 
 class CompiledModel:
@@ -37,7 +54,9 @@ class CompiledModel:
       in chunks of ``chunk_size`` tokens (bounded activation memory); ``last_only=True`` returns
       only the last position's logits (b, vocab), and ``prefix_cache`` reuses cached prefixes;
     - ``step(token_ids, state) -> (logits (b, vocab), State)``: one token per row;
-    - ``generate(input_ids, max_new_tokens, ...)`` and ``stream(...)``: greedy or sampled tokens;
+    - ``generate(input_ids, max_new_tokens, ...)`` and ``stream(...)``: greedy or sampled tokens,
+      for one batch, a padded batch with its ``attention_mask`` or a list of prompts of any
+      lengths; with a ``tokenizer``, ``generate("text")`` and ``stream_text("text")`` too;
     - ``save(dir)``: the target's artifact (``ssmcc.load(dir)`` opens it again).
 
     ``info`` describes the model as the manifest does (model, vocab_size, ssmcc_ops,
@@ -55,6 +74,7 @@ class CompiledModel:
         report: CompileReport | None = None,
         manifest: dict | None = None,
         artifact_dir: str | None = None,
+        tokenizer=None,
     ):
         self._executable = executable
         self.options = options
@@ -68,6 +88,7 @@ class CompiledModel:
         self.vocab_size = info.get("vocab_size")
         self.static_length = info.get("static_length")  # token count a static capture runs at
         self._token_model = self.vocab_size is not None
+        self._tokenizer = tokenizer
 
     @functools.cached_property
     def model_id(self) -> str:
@@ -207,57 +228,172 @@ class CompiledModel:
         input_ids,
         max_new_tokens: int,
         *,
+        attention_mask=None,
         chunk_size: int | None = None,
         prefix_cache: PrefixCache | None = None,
         **sampling,
     ):
-        """Yield each new token column (b,) as soon as it is chosen. Keyword arguments as for
+        """Yield each new token column (b,) as soon as it is chosen. Prompts as ``generate``
+        takes them (ids, ids + ``attention_mask``, a list of id rows); keywords as for
         ``generate`` (without ``streamer``)."""
         self._require_states()
+        ids, rows = prompt_rows(input_ids, self.vocab_size, attention_mask)
+        return self._stream(ids, rows, max_new_tokens, chunk_size, prefix_cache, sampling)
+
+    def _stream(self, ids, rows, max_new_tokens, chunk_size, prefix_cache, sampling: dict):
+        sampling = dict(sampling)
         eos_token_id = sampling.pop("eos_token_id", None)
         check_eos_token_id(eos_token_id, self.vocab_size)
         unknown = sorted(set(sampling) - {f.name for f in dataclasses.fields(Sampling)})
         if unknown:
             raise InputError(
                 f"unknown generation option(s) {', '.join(unknown)}; options: do_sample, "
-                "temperature, top_k, top_p, seed, eos_token_id, chunk_size, prefix_cache"
+                "temperature, top_k, top_p, seed, eos_token_id, attention_mask, chunk_size, "
+                "prefix_cache"
             )
-
-        def prefill(ids):
-            return self.prefill(
-                ids, chunk_size=chunk_size, last_only=True, prefix_cache=prefix_cache
-            )
-
         names = [spec.name for spec in self._executable.specs]
 
-        def step(ids, state):  # the state of the previous call, the token stream just chose
-            return self._step_checked(ids, [state[name] for name in names])
+        def prefill_rows(prompt):
+            return self.prefill(
+                prompt, chunk_size=chunk_size, last_only=True, prefix_cache=prefix_cache
+            )
 
+        def step(tokens, state):  # the state of the previous call, the tokens stream just chose
+            if isinstance(state, list):  # rows apart (ragged_prefill)
+                out = [
+                    self._step_checked(tokens[i : i + 1], [s[n] for n in names])
+                    for i, s in enumerate(state)
+                ]
+                return torch.cat([logits for logits, _ in out]), [s for _, s in out]
+            return self._step_checked(tokens, [state[name] for name in names])
+
+        if rows is None:
+            return stream(
+                lambda: prefill_rows(ids),
+                step,
+                ids.shape[0],
+                max_new_tokens,
+                Sampling(**sampling),
+                eos_token_id,
+            )
         return stream(
-            prefill,
+            lambda: self._ragged_prefill(rows, prefill_rows),
             step,
-            check_token_ids(input_ids, self.vocab_size),
+            len(rows),
             max_new_tokens,
             Sampling(**sampling),
             eos_token_id,
         )
 
+    def _ragged_prefill(self, rows, prefill_rows):
+        """Prompts of different lengths: each row prefilled alone (no padding enters a state, so
+        a row's tokens are those it generates alone). Where no state grows, the rows' states
+        stack along the batch and decode as one batch; K/V caches hold each row's own number of
+        positions, so a model with them decodes row by row (a list of states)."""
+        results = [prefill_rows(row[None]) for row in rows]
+        logits = torch.cat([logits for logits, _ in results])
+        states = [state for _, state in results]
+        if any(spec.grows for spec in self._executable.specs):
+            return logits, states
+        return logits, State({name: torch.cat([s[name] for s in states]) for name in states[0]})
+
     def generate(
-        self, input_ids, max_new_tokens: int, *, streamer=None, **sampling
-    ) -> torch.Tensor:
-        """Prompt + new tokens (b, l + new).
+        self, input_ids, max_new_tokens: int, *, attention_mask=None, streamer=None, **sampling
+    ):
+        """Prompt + new tokens.
+
+        Prompts: ids (b, l) -> a tensor (b, l + new); ids with an ``attention_mask`` (padding on
+        either side, as tokenizers write it) -> the padded ids + new columns, (b, l + new); a
+        list of id rows of any lengths -> a list of 1-D tensors; text (a string or a list of
+        them, with the model's ``tokenizer``) -> the decoded text of prompt + new tokens,
+        stopping at the tokenizer's EOS unless ``eos_token_id`` is given. Every row generates
+        exactly the tokens it generates alone.
 
         Keywords: ``do_sample`` (default greedy), ``temperature``, ``top_k``, ``top_p``, ``seed``,
-        ``eos_token_id``; ``streamer(token_column)`` is called for each new token;
-        ``chunk_size`` and ``prefix_cache`` as for ``prefill`` (the prompt runs with
-        ``last_only=True``).
+        ``eos_token_id`` (a row that produced it keeps emitting it; generation stops when every
+        row has); ``streamer(token_column)`` is called for each new token; ``chunk_size`` and
+        ``prefix_cache`` as for ``prefill`` (the prompt runs with ``last_only=True``).
         """
+        if _is_text(input_ids):
+            return self._generate_text(input_ids, max_new_tokens, streamer, sampling)
+        self._require_states()
+        ids, rows = prompt_rows(input_ids, self.vocab_size, attention_mask)
         columns = []
-        for token in self.stream(input_ids, max_new_tokens, **sampling):
+        chunk_size, prefix_cache = (
+            sampling.pop("chunk_size", None),
+            sampling.pop("prefix_cache", None),
+        )
+        for token in self._stream(ids, rows, max_new_tokens, chunk_size, prefix_cache, sampling):
             if streamer is not None:
                 streamer(token)
             columns.append(token)
-        return torch.cat([input_ids.long(), torch.stack(columns, dim=1)], dim=1)
+        new = torch.stack(columns, dim=1)
+        if isinstance(input_ids, (list, tuple)):
+            rows = list(ids) if rows is None else rows
+            return [torch.cat([row, new[i]]) for i, row in enumerate(rows)]
+        return torch.cat([(ids if rows is None else input_ids).long(), new], dim=1)
+
+    # -- text --------------------------------------------------------------------------------
+    @property
+    def tokenizer(self):
+        """The model's tokenizer (kept by ``compile``, saved in the artifact), or None."""
+        if self._tokenizer is None and (self.manifest or {}).get("tokenizer"):
+            self._tokenizer = load_tokenizer(self.artifact_dir)
+        return self._tokenizer
+
+    def _require_tokenizer(self):
+        if self.tokenizer is None:
+            raise InputError(
+                "this model has no tokenizer, so it takes token ids, not text: compile it with "
+                "tokenizer=... (or from a model folder that holds one), or tokenize the text "
+                "yourself and pass the ids"
+            )
+        return self.tokenizer
+
+    def _text_rows(self, prompts) -> list[torch.Tensor]:
+        tokenizer = self._require_tokenizer()
+        texts = [prompts] if isinstance(prompts, str) else list(prompts)
+        return [encode(tokenizer, text, i) for i, text in enumerate(texts)]
+
+    def _text_sampling(self, sampling: dict) -> dict:
+        eos = self.tokenizer.eos_token_id
+        inside = eos is not None and self.vocab_size is not None and 0 <= eos < self.vocab_size
+        if "eos_token_id" not in sampling and inside:
+            return {**sampling, "eos_token_id": eos}
+        return dict(sampling)
+
+    def _generate_text(self, prompts, max_new_tokens, streamer, sampling):
+        rows = self._text_rows(prompts)
+        sampling = self._text_sampling(sampling)
+        out = self.generate(rows, max_new_tokens, streamer=streamer, **sampling)
+        texts = [
+            decode(
+                self.tokenizer,
+                torch.cat([row, before_eos(ids[row.numel() :], sampling.get("eos_token_id"))]),
+            )
+            for row, ids in zip(rows, out, strict=True)
+        ]
+        return texts[0] if isinstance(prompts, str) else texts
+
+    def stream_text(self, prompt: str, max_new_tokens: int, **sampling):
+        """Yield the text each new token adds to ``prompt`` (one prompt), as soon as it is
+        chosen; stops at the tokenizer's EOS unless ``eos_token_id`` is given. Keywords as for
+        ``generate``."""
+        if not isinstance(prompt, str):
+            raise InputError(f"stream_text takes one text prompt, got {type(prompt).__name__}")
+        (row,) = self._text_rows(prompt)
+        sampling = self._text_sampling(sampling)
+        eos = sampling.get("eos_token_id")
+        pieces = TextStream(self.tokenizer, row)
+        for token in self.stream(row[None], max_new_tokens, **sampling):
+            if eos is not None and int(token[0]) == eos:
+                break
+            piece = pieces.add(int(token[0]))
+            if piece:
+                yield piece
+        rest = pieces.flush()
+        if rest:
+            yield rest
 
     # -- artifacts --------------------------------------------------------------------------
     def save(self, out_dir: str, overwrite: bool = False) -> dict:
@@ -279,6 +415,9 @@ class CompiledModel:
         def write_files(folder: str) -> dict:
             entries = dict(implementation.save(self._executable, folder))
             versions = {"ssmcc": __version__, "torch": torch.__version__}
+            if self.tokenizer is not None:
+                taken = set(os.listdir(folder)) | {MANIFEST}
+                entries["tokenizer"] = save_tokenizer(self.tokenizer, folder, taken)
             return {**entries, "versions": {**versions, **entries.get("versions", {})}}
 
         return write_artifact(out_dir, write_files, manifest, overwrite)

@@ -1,6 +1,6 @@
 """Token generation over a compiled model's ``prefill`` and ``step``.
 
-    logits, state = prefill(prompt)                      # once, over the whole prompt
+    logits, state = prefill()                            # once, over the whole prompt
     token = choose(logits[:, -1]); repeat: logits, state = step(token, state)
 
 ``choose`` is greedy (argmax) or sampling: logits / temperature, then top-k, then top-p (nucleus)
@@ -82,12 +82,14 @@ def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator 
 def stream(
     prefill: Callable,
     step: Callable,
-    input_ids: torch.Tensor,
+    batch: int,
     max_new_tokens: int,
     sampling: Sampling = Sampling(),
     eos_token_id: int | None = None,
 ) -> Iterator[torch.Tensor]:
-    """Yield each new token column (b,) as it is produced."""
+    """Yield each new token column (b,) as it is produced: ``prefill()`` gives the last
+    position's logits (b, vocab) and a state, ``step(tokens (b, 1), state)`` the next ones; the
+    state is opaque here."""
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     sampling.check()
@@ -95,8 +97,8 @@ def stream(
     if sampling.do_sample:
         generator = torch.Generator()
         generator.manual_seed(sampling.seed if sampling.seed is not None else torch.seed() % 2**63)
-    logits, state = prefill(input_ids)
-    finished = torch.zeros(input_ids.shape[0], dtype=torch.bool)
+    logits, state = prefill()
+    finished = torch.zeros(batch, dtype=torch.bool)
     for produced in range(max_new_tokens):
         token = choose(logits[:, -1] if logits.dim() == 3 else logits, sampling, generator)
         if eos_token_id is not None:

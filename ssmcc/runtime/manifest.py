@@ -16,6 +16,8 @@
                     name inside the artifact directory (no folder, no "..", not absolute, not the
                     manifest itself)
 
+    tokenizer       optional {files, class, eos_token_id}: the model's tokenizer, as its files
+
 plus what the target's ``save`` adds (its ``load`` checks those). ``check_manifest`` raises an
 ``ArtifactError`` naming the first field that does not fit (``states[1].shape``, ...).
 """
@@ -155,4 +157,14 @@ def check_manifest(manifest, where: str) -> dict:
     if streaming and not manifest["states"]:
         fields.fail("states", "at least one state for a streaming model", manifest["states"])
     _check_graphs(fields, manifest["graphs"], manifest["files"], streaming)
+    _check_tokenizer(fields, manifest.get("tokenizer"), manifest["files"])
     return manifest
+
+
+def _check_tokenizer(fields: _Fields, entry, files: dict) -> None:
+    if entry is None:
+        return
+    fields.of_type("tokenizer", entry, dict, "an object {files, class, eos_token_id} or null")
+    names = entry.get("files")
+    if not isinstance(names, list) or not names or not all(n in files for n in names):
+        fields.fail("tokenizer.files", "a non-empty list of the artifact's listed files", names)
