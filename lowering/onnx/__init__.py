@@ -22,5 +22,14 @@ TARGET = Target(
             stages=(COMPILE, LOAD),
             metavar="N",
         ),
+        OptionSpec(
+            "onnx_functions",
+            "keep",
+            "keep: one ssmcc-domain node per ssmcc op with its body as a model-local function "
+            "(ONNX Runtime runs the nodes with ssmcc's library, or the bodies); inline: the "
+            "bodies written into the graphs, standard ONNX ops only, for runtimes that do not "
+            "expand model-local functions (OpenVINO); ssmcc's library is then not used",
+            choices=("keep", "inline"),
+        ),
     ),
 )

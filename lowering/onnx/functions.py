@@ -122,6 +122,12 @@ class _Body:
         return grouped, expanded, self.op("Concat", b, d, n, axis=0)
 
 
+def scan_value(name: str, rank: int) -> onnx.ValueInfoProto:
+    """A Scan body's input or output: float32 of a known rank, sizes left open (the ONNX target
+    runs float32 programs). OpenVINO needs the rank to choose its kernels; ORT needs nothing."""
+    return helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [None] * rank)
+
+
 def _dim(body: _Body, tensor: str, axis: int) -> str:
     return body.op("Shape", tensor, start=axis, end=axis + 1)
 
@@ -150,26 +156,38 @@ def selective_scan_function(opset: int) -> onnx.FunctionProto:
     body.nodes.append(helper.make_node("Transpose", [A_grouped], ["A_by_state"], perm=[0, 2, 1]))
     h0_grouped = body.op("Reshape", "initial_state", body.op("Concat", b, g, per_group, n, axis=0))
     h0 = body.op("Transpose", h0_grouped, perm=[0, 1, 3, 2])  # (b, g, n, d/g)
+    # A rides along as a loop-carried value passed through unchanged: a Scan body that read it
+    # from the enclosing scope is valid ONNX, but OpenVINO's Scan accepts only explicit inputs.
     step_nodes = [
-        helper.make_node("Mul", ["dt_s", "A_by_state"], ["rate"]),
+        helper.make_node("Identity", ["A_prev"], ["A_next"]),
+        helper.make_node("Mul", ["dt_s", "A_prev"], ["rate"]),
         helper.make_node("Exp", ["rate"], ["decay"]),  # (b, g, n, d/g)
         helper.make_node("Mul", ["decay", "h_prev"], ["carried"]),
         helper.make_node("Mul", ["dtu_s", "B_s"], ["drive"]),
         helper.make_node("Add", ["carried", "drive"], ["h_next"]),
         helper.make_node("MatMul", ["C_s", "h_next"], ["y_s"]),  # (b, g, 1, d/g)
     ]
-    untyped = onnx.TypeProto()
     step_graph = helper.make_graph(
         step_nodes,
         "selective_scan_step",
-        [helper.make_value_info(v, untyped) for v in ("h_prev", "dt_s", "dtu_s", "B_s", "C_s")],
-        [helper.make_value_info(v, untyped) for v in ("h_next", "y_s")],
+        [
+            scan_value(v, rank)
+            for v, rank in (
+                ("h_prev", 4),
+                ("A_prev", 3),
+                ("dt_s", 4),
+                ("dtu_s", 4),
+                ("B_s", 4),
+                ("C_s", 4),
+            )
+        ],
+        [scan_value(v, rank) for v, rank in (("h_next", 4), ("A_next", 3), ("y_s", 4))],
     )
     body.nodes.append(
         helper.make_node(
             "Scan",
-            [h0, dt5, dtu5, B5, C5],
-            ["h_last", "y_grouped"],
+            [h0, "A_by_state", dt5, dtu5, B5, C5],
+            ["h_last", "A_last", "y_grouped"],
             body=step_graph,
             num_scan_inputs=4,
             scan_input_axes=[4, 4, 4, 4],

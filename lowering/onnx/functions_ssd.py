@@ -21,7 +21,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from ssmcc.lowering.onnx.functions import _Body, _dim
+from ssmcc.lowering.onnx.functions import _Body, _dim, scan_value
 from ssmcc.lowering.onnx.schemas import DOMAIN
 
 _DT_ATTRIBUTES = ["dt_softplus", "has_z", "dt_min", "dt_max"]
@@ -86,15 +86,11 @@ def ssd_scan_function(opset: int) -> onnx.FunctionProto:
         helper.make_node("Add", ["carried", "fed"], ["h_next"]),
         helper.make_node("MatMul", ["h_next", "C_s"], ["y_s"]),  # (b, g, h/g, p, 1)
     ]
-    untyped = onnx.TypeProto()
     step_graph = helper.make_graph(
         step_nodes,
         "ssd_scan_step",
-        [
-            helper.make_value_info(v, untyped)
-            for v in ("h_prev", "decay_s", "drive_s", "B_s", "C_s")
-        ],
-        [helper.make_value_info(v, untyped) for v in ("h_next", "y_s")],
+        [scan_value(v, 5) for v in ("h_prev", "decay_s", "drive_s", "B_s", "C_s")],
+        [scan_value(v, 5) for v in ("h_next", "y_s")],
     )
     body.nodes.append(
         helper.make_node(

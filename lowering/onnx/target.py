@@ -22,6 +22,7 @@ import weakref
 
 import numpy as np
 import onnx
+import onnx.inliner
 import torch
 from onnx import numpy_helper
 
@@ -206,8 +207,52 @@ def _versions() -> dict[str, str]:
     return {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
 
 
+def inline_functions(model: onnx.ModelProto, graph: str) -> onnx.ModelProto:
+    """``model`` with every model-local function call replaced by its body: standard ONNX ops
+    only, or ``LoweringError`` naming the nodes that have no standard form."""
+    inlined = onnx.inliner.inline_local_functions(model)
+    del inlined.functions[:]
+    custom = sorted({f"{n.domain}.{n.op_type}" for n in inlined.graph.node if n.domain})
+    if custom:
+        raise LoweringError(
+            f"backend 'onnx', onnx_functions='inline': the {graph} graph keeps {', '.join(custom)}"
+            ", which have no standard-op body; compile with onnx_functions='keep' (ONNX Runtime "
+            "with ssmcc's library) or without the option that produced them"
+        )
+    standard = [o for o in inlined.opset_import if o.domain in ("", "ai.onnx")]
+    del inlined.opset_import[:]
+    inlined.opset_import.extend(standard)
+    _remove_dead_nodes(inlined.graph)
+    return inlined
+
+
+def _names_read(node: onnx.NodeProto) -> set[str]:
+    """What ``node`` reads: its inputs and, inside its subgraphs, every input of every node."""
+    names = set(node.input)
+    for attribute in node.attribute:
+        for sub in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
+            for inner in sub.node:
+                names |= _names_read(inner)
+    return names
+
+
+def _remove_dead_nodes(graph: onnx.GraphProto) -> None:
+    """Drop nodes none of whose outputs is read (a body's constants for a branch another
+    attribute value selects, left by inlining; ORT warns about each)."""
+    needed = {value.name for value in graph.output}
+    kept = []
+    for node in reversed(graph.node):
+        if any(output in needed for output in node.output):
+            kept.append(node)
+            needed |= _names_read(node)
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+
+
 def lower(programs: ProgramSet, options) -> OnnxExecutable:
     models = _models(programs)
+    if options["onnx_functions"] == "inline":
+        models = {name: inline_functions(model, name) for name, model in models.items()}
     for model in models.values():
         onnx.checker.check_model(model, full_check=True)
     workdir = tempfile.mkdtemp(prefix="ssmcc-onnx-")

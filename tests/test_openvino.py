@@ -1,0 +1,115 @@
+"""Artifacts beyond ONNX Runtime: ``onnx_functions="inline"`` writes standard ONNX ops only, and
+OpenVINO (a second, independent ONNX runtime: its own ONNX frontend and CPU kernels) runs every
+graph of them -- prefill, chunk and step, batch 1 and 3, lengths 1, 7 and 300, from non-zero
+states -- within 1e-4 of ONNX Runtime on the same file, for every family ssmcc compiles.
+
+OpenVINO's CPU plugin computes in bf16 on CPUs that have it unless told
+``INFERENCE_PRECISION_HINT=f32``, and quantises activations of int8-weight matmuls
+(``DYNAMIC_QUANTIZATION_GROUP_SIZE``) unless that is 0: both are set for parity.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import onnx
+import pytest
+
+import ssmcc
+from ssmcc.errors import LoweringError
+from ssmcc.presets import build_preset
+
+ov = pytest.importorskip("openvino")
+ort = pytest.importorskip("onnxruntime")
+
+PARITY = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
+FAST = ["mamba-tiny", "mamba2-tiny", "jamba-tiny"]
+SLOW = [
+    "falcon-mamba-tiny",
+    "bamba-tiny",
+    "granite-hybrid-tiny",
+    "nemotron-h-tiny",
+    "zamba-tiny",
+    "zamba2-tiny",
+    "falcon-h1-tiny",
+]
+PRESETS = FAST + [pytest.param(name, marks=pytest.mark.slow) for name in SLOW]
+
+
+def _feeds(model: onnx.ModelProto, batch: int, length: int, vocab: int, seed: int) -> dict:
+    """Token ids and non-zero states; a K/V cache (its 'past' axis) holds 5 positions, and a
+    position counter (int64) says 5 tokens came before."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if value.name == "input_ids":
+            feeds[value.name] = rng.integers(0, vocab, (batch, length)).astype(np.int64)
+            continue
+        shape = [batch] + [d.dim_value if d.HasField("dim_value") else 5 for d in dims[1:]]
+        if value.type.tensor_type.elem_type == onnx.TensorProto.INT64:
+            feeds[value.name] = np.full(shape, 5, dtype=np.int64)
+        else:
+            feeds[value.name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
+    return feeds
+
+
+def _check_graphs_in_openvino(folder: str, vocab: int) -> None:
+    manifest = json.loads(open(os.path.join(folder, "manifest.json")).read())
+    core = ov.Core()
+    for graph, entry in manifest["graphs"].items():
+        path = os.path.join(folder, entry["file"])
+        model = onnx.load(path, load_external_data=False)
+        assert all(not node.domain for node in model.graph.node), graph
+        assert not model.functions, graph
+        compiled = core.compile_model(path, "CPU", PARITY)
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        for batch, length in [(1, 1), (3, 7), (3, 300)]:
+            length = 1 if graph == "step" else length
+            feeds = _feeds(model, batch, length, vocab, seed=batch * 1000 + length)
+            expected = session.run(None, feeds)
+            got = compiled(feeds)
+            for port, want in zip(compiled.outputs, expected, strict=True):
+                np.testing.assert_allclose(
+                    np.asarray(got[port]),
+                    want,
+                    rtol=1e-4,
+                    atol=1e-4,
+                    err_msg=f"{graph} {port.any_name} batch {batch} length {length}",
+                )
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_inlined_artifacts_run_in_openvino(preset, tmp_path):
+    model = build_preset(preset)
+    compiled = ssmcc.compile(model, "onnx", onnx_functions="inline")
+    folder = str(tmp_path / "artifact")
+    compiled.save(folder)
+    _check_graphs_in_openvino(folder, model.config.vocab_size)
+    # the same model as the default artifact (ssmcc nodes, run with ssmcc's ORT library)
+    reference = ssmcc.compile(model, "onnx")
+    ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 9))
+    import torch
+
+    prompt = torch.from_numpy(ids)
+    torch.testing.assert_close(ssmcc.load(folder)(prompt), reference(prompt), rtol=1e-4, atol=1e-4)
+    assert ssmcc.load(folder).generate(prompt, 6).tolist() == reference.generate(prompt, 6).tolist()
+
+
+@pytest.mark.parametrize("scheme", ["int8", "bf16"])
+def test_quantized_inlined_artifacts_run_in_openvino(scheme, tmp_path):
+    model = build_preset("mamba-tiny")
+    compiled = ssmcc.compile(model, "onnx", onnx_functions="inline", quantize=scheme)
+    folder = str(tmp_path / "artifact")
+    compiled.save(folder)
+    _check_graphs_in_openvino(folder, model.config.vocab_size)
+
+
+def test_inline_is_a_compile_option_with_a_clear_value_check():
+    with pytest.raises(ssmcc.OptionError, match="onnx_functions must be one of 'keep', 'inline'"):
+        ssmcc.compile(build_preset("mamba-tiny"), "onnx", onnx_functions="expand")
+    with pytest.raises(ssmcc.OptionError, match="belongs to target onnx"):
+        ssmcc.compile(build_preset("mamba-tiny"), "torch", onnx_functions="inline")
+    assert issubclass(LoweringError, ssmcc.SSMCCError)
