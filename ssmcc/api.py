@@ -21,6 +21,7 @@ from ssmcc.passes import PassContext, run_passes, verify_program
 from ssmcc.passes.pipelines import PIPELINES, pipeline
 from ssmcc.passes.program_set import ProgramSet
 from ssmcc.passes.quantize_weights import quantize_weights
+from ssmcc.progress import phase
 from ssmcc.runtime.artifact import read_manifest
 from ssmcc.runtime.compiled import CompiledModel
 from ssmcc.runtime.quantization_report import fixed_prompts, quantization_accuracy
@@ -154,9 +155,11 @@ def compile(
                 "example_inputs (a tuple of example tensors, as for torch.export)"
             )
         example_inputs = (default_example_ids(vocab_size),)
+    phase(f"capturing {type(model).__name__} with torch.export")
     captured, capture_report = capture_with_report(
         model, example_inputs, dynamic=True, route=opts.route
     )
+    phase(f"running pass pipeline {opts.pipeline!r} ({len(captured.graph.nodes)} nodes)")
     ctx = PassContext(
         verify=opts.verify,
         options={"fuse_scan_norm_mlp": {"unsupported": _unsupported_ops(opts.target)}},
@@ -168,6 +171,7 @@ def compile(
         if relaxed is None:
             capture_report.notes.append(f"length stays static at {static_length} tokens: {why}")
         else:
+            phase("re-exported with a dynamic length; running the passes again")
             program, again = run_passes(relaxed, pipeline(opts.pipeline), ctx)
             pipeline_report.records += again.records
             capture_report.notes.append(
@@ -178,6 +182,7 @@ def compile(
     verify_program(program, after=f"pipeline {opts.pipeline}")
     quantization = None
     if opts.quantize != "none":
+        phase(f"quantizing weights ({opts.quantize}) and measuring the accuracy against float")
         accuracy_inputs = (fixed_prompts(vocab_size),) if token_model else tuple(example_inputs)
         program, quantization, records = quantize_program(
             program, opts.quantize, ctx, accuracy_inputs
@@ -186,6 +191,7 @@ def compile(
     programs = ProgramSet(
         program, token_model=token_model, static_length=static_length, verify=opts.verify
     )
+    phase(f"lowering to target {opts.target} ({len(program.graph.nodes)} nodes)")
     executable = get_target(opts.target).module().lower(programs, opts)
     info = {
         "model": capture_report.model,

@@ -527,7 +527,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ssmcc.progress import show_phases
+
     args = build_parser().parse_args(argv)
+    show_phases()
     if getattr(args, "seq_len", 16) < 1:
         print("ssmcc: error: --seq-len must be >= 1", file=sys.stderr)
         return 2

@@ -33,6 +33,7 @@ from ssmcc.lowering.onnx.export import OPSET, lower_to_onnx
 from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
 from ssmcc.ops.contracts import StateSpec
 from ssmcc.passes.program_set import STATEFUL_GRAPHS, ProgramSet
+from ssmcc.progress import phase
 
 WEIGHTS_FILE = "weights.bin"
 INLINE_BYTES = 1024  # initializers smaller than this stay inside the graph file
@@ -132,12 +133,12 @@ def _models(programs: ProgramSet) -> dict[str, onnx.ModelProto]:
         names = [s.name for s in programs.specs]
         inputs = ["input_ids", *names]
         outputs = ["logits", *[f"{n}.next" for n in names]]
-        return {
-            graph: lower_to_onnx(
-                programs.program(graph), inputs, outputs, _dim_names(programs.program(graph))
-            )
-            for graph in STATEFUL_GRAPHS
-        }
+        models = {}
+        for graph in STATEFUL_GRAPHS:
+            phase(f"exporting the {graph} graph to ONNX")
+            program = programs.program(graph)
+            models[graph] = lower_to_onnx(program, inputs, outputs, _dim_names(program))
+        return models
     token = programs.token_model
     return {
         "forward": lower_to_onnx(
@@ -256,6 +257,7 @@ def lower(programs: ProgramSet, options) -> OnnxExecutable:
     for model in models.values():
         onnx.checker.check_model(model, full_check=True)
     workdir = tempfile.mkdtemp(prefix="ssmcc-onnx-")
+    phase("writing the ONNX graphs and weights.bin")
     try:
         _externalize(models, workdir)
     except BaseException:
