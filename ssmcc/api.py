@@ -155,7 +155,11 @@ def compile(
                 "example_inputs (a tuple of example tensors, as for torch.export)"
             )
         example_inputs = (default_example_ids(vocab_size),)
-    phase(f"capturing {type(model).__name__} with torch.export")
+    if isinstance(model, ExportedProgram):
+        phase("taking the exported program as it is (no capture, no routing)")
+    else:
+        how = "SSM layers routed to ssmcc ops" if opts.route else "routing off"
+        phase(f"capturing {type(model).__name__} with torch.export ({how})")
     captured, capture_report = capture_with_report(
         model, example_inputs, dynamic=True, route=opts.route
     )

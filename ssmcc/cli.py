@@ -59,11 +59,6 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     else:
         model = load_model(args.model)
         example_inputs = (default_example_ids(model.config.vocab_size, args.seq_len),)
-        how = "SSM layers routed to ssmcc ops" if args.route else "routing off"
-        _progress(
-            f"capturing {type(model).__name__} with torch.export (example length "
-            f"{args.seq_len}, {how})"
-        )
     compiled = ssmcc.compile(model, DEFAULT_TARGET, example_inputs, **options)
     _progress(
         f"done in {time.perf_counter() - started:.1f}s (the compile itself: "
@@ -225,9 +220,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         compiled = ssmcc.load(args.model, **options, **_target_options(args, "load"))
     else:
         from ssmcc.options import DEFAULT_TARGET
-        from ssmcc.presets import check_model_spec, load_model
+        from ssmcc.presets import PRESETS, check_model_spec, load_model
 
         check_model_spec(args.model)
+        if args.model in PRESETS:
+            _progress(f"{args.model} is a preset with random weights: its tokens mean nothing")
         _progress(f"loading {args.model} and compiling it for the {DEFAULT_TARGET} target")
         compiled = ssmcc.compile(
             load_model(args.model),
