@@ -52,7 +52,7 @@ def test_hugging_face_without_routing_becomes_a_routed_like_program(family, targ
     assert torch.equal(tokens, expected)  # prompt + 6 new tokens, as HF returns them
 
 
-@pytest.mark.parametrize("target", ["torch", "onnx"])
+@pytest.mark.parametrize("target", ["torch", pytest.param("onnx", marks=pytest.mark.slow)])
 def test_a_program_that_keeps_its_length_runs_at_that_length_only(target, tmp_path):
     """Without the passes (pipeline "none") the unrolled loop keeps the captured length."""
     model = make_hf_model("mamba", num_hidden_layers=2)

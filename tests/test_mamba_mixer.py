@@ -20,9 +20,14 @@ from .conftest import make_hf_model
 TOLERANCE = 1e-5
 
 
-@pytest.mark.parametrize("family", ["mamba", "falcon_mamba"])
+@pytest.mark.parametrize("family", ["mamba", pytest.param("falcon_mamba", marks=pytest.mark.slow)])
 @pytest.mark.parametrize(
-    "target,kernels", [("torch", "auto"), ("onnx", "auto"), ("onnx", "reference")]
+    "target,kernels",
+    [
+        ("torch", "auto"),
+        ("onnx", "auto"),
+        pytest.param("onnx", "reference", marks=pytest.mark.slow),
+    ],
 )
 def test_fused_matches_unfused_prefill_step_and_generate(family, target, kernels):
     model = make_hf_model(family, num_hidden_layers=2, eos_token_id=None)

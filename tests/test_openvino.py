@@ -25,8 +25,9 @@ ov = pytest.importorskip("openvino")
 ort = pytest.importorskip("onnxruntime")
 
 PARITY = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
-FAST = ["mamba-tiny", "mamba2-tiny", "jamba-tiny"]
+FAST = ["mamba-tiny", "mamba2-tiny"]
 SLOW = [
+    "jamba-tiny",
     "falcon-mamba-tiny",
     "bamba-tiny",
     "granite-hybrid-tiny",
@@ -98,7 +99,7 @@ def test_inlined_artifacts_run_in_openvino(preset, tmp_path):
     assert ssmcc.load(folder).generate(prompt, 6).tolist() == reference.generate(prompt, 6).tolist()
 
 
-@pytest.mark.parametrize("scheme", ["int8", "bf16"])
+@pytest.mark.parametrize("scheme", ["int8", pytest.param("bf16", marks=pytest.mark.slow)])
 def test_quantized_inlined_artifacts_run_in_openvino(scheme, tmp_path):
     model = build_preset("mamba-tiny")
     compiled = ssmcc.compile(model, "onnx", onnx_functions="inline", quantize=scheme)

@@ -137,10 +137,10 @@ def small_mamba():
 # adds a group size on ONNX and bf16 on torch (the other group sizes and fp16 take these paths).
 TARGET_CASES = [
     ("torch", "int8"),
-    ("torch", "int8-g64"),
-    ("torch", "fp16"),
+    pytest.param("torch", "int8-g64", marks=SLOW),
+    pytest.param("torch", "fp16", marks=SLOW),
     ("onnx", "int8"),
-    ("onnx", "bf16"),
+    pytest.param("onnx", "bf16", marks=SLOW),
     pytest.param("onnx", "int8-g32", marks=SLOW),
     pytest.param("torch", "bf16", marks=SLOW),
 ]
@@ -220,6 +220,7 @@ def test_onnx_step_uses_the_library_kernel_and_int8_initializers(small_mamba, tm
     assert np.abs(portable).max() == 0
 
 
+@SLOW
 def test_bfloat16_model_with_int8_weights(small_mamba):
     compiled = ssmcc.compile(small_mamba, target="torch", dtype="bfloat16", quantize="int8")
     ids = torch.randint(0, 300, (2, 7))
@@ -287,6 +288,7 @@ def test_the_trained_model_has_learnt_its_text(trained_mamba_model):
     assert next_byte_loss(untrained_mamba(), held_out) > 5.0
 
 
+@SLOW
 def test_int8_per_channel_accuracy_on_a_trained_mamba(trained_mamba_model):
     from ssmcc.runtime.quantization_report import quantization_accuracy
     from tests.trained_models import prompts
@@ -309,6 +311,7 @@ def test_int8_per_channel_accuracy_on_a_trained_mamba(trained_mamba_model):
     assert same / (PROMPTS * GENERATED) >= 0.95
 
 
+@SLOW
 def test_portable_int8_onnx_gives_the_same_tokens_in_stock_onnxruntime(
     trained_mamba_model, tmp_path
 ):

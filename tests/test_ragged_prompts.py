@@ -43,8 +43,17 @@ MODELS = {
 }
 
 
-@pytest.mark.parametrize("target", ["torch", "onnx"])
-@pytest.mark.parametrize("family", list(MODELS))
+# jamba on onnx runs with the slow tests (jamba on torch covers the rows-apart path)
+CASES = [
+    pytest.param(
+        family, target, marks=[pytest.mark.slow] if (family, target) == ("jamba", "onnx") else []
+    )
+    for family in MODELS
+    for target in ("torch", "onnx")
+]
+
+
+@pytest.mark.parametrize("family,target", CASES)
 def test_each_row_generates_what_it_generates_alone(family, target):
     model = MODELS[family]()
     compiled = ssmcc.compile(model, target)
