@@ -354,6 +354,13 @@ def build_parser() -> argparse.ArgumentParser:
         "capture with dynamic batch/sequence dims, graph passes, lowering to backends.",
         epilog="Example: ssmcc inspect mamba-tiny",
     )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also show third-party warnings and log lines (torch.export, transformers), "
+        "which are hidden by default",
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
 
@@ -523,11 +530,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_third_parties() -> None:
+    """Without ``-v``: no Python warnings (torch.export's deprecation notes, ...) and only
+    errors from transformers' logger (its "falling back to the PyTorch implementation" lines)."""
+    import logging
+    import warnings
+
+    warnings.simplefilter("ignore")
+    for name in ("transformers", "torch", "onnxscript"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     from ssmcc.progress import show_phases
 
     args = build_parser().parse_args(argv)
     show_phases()
+    if not args.verbose:
+        _quiet_third_parties()
     if getattr(args, "seq_len", 16) < 1:
         print("ssmcc: error: --seq-len must be >= 1", file=sys.stderr)
         return 2

@@ -133,12 +133,16 @@ def test_mamba2_from_a_folder_with_an_explicit_tokenizer(tmp_path):
 def test_cli_compile_and_run_text(folder, tmp_path, capsys):
     out = str(tmp_path / "A")
     assert main(["compile", folder, "--target", "onnx", "--out", out]) == 0
-    assert "keeping the tokenizer" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "keeping the tokenizer" in err
+    # quiet: ssmcc's own lines only (transformers' progress bars and warnings need -v)
+    assert all(line.startswith("[ssmcc] ") for line in err.splitlines()), err
     assert sorted(set(os.listdir(out)) & {"tokenizer.json", "tokenizer_config.json"})
     assert main(["run", out, "--prompt", PROMPT, "--max-new-tokens", "8"]) == 0
     captured = capsys.readouterr()
     assert captured.out == hf_text(folder, PROMPT, 8)[0] + "\n"
     assert "time to first token" in captured.err
+    assert all(line.startswith("[ssmcc] ") for line in captured.err.splitlines()), captured.err
     # a model folder is compiled (torch target) and keeps its tokenizer too
     assert main(["run", folder, "--prompt", PROMPT, "--max-new-tokens", "8"]) == 0
     assert capsys.readouterr().out == captured.out
