@@ -23,24 +23,8 @@ from .trained_models import corpus
 VOCAB = 1024
 EOS = "<|endoftext|>"
 
-# family -> (model class, config keywords); vocabularies take the tokenizer's size
-FAMILIES = {
-    "mamba": ("MambaForCausalLM", "MambaConfig", dict(hidden_size=64, num_hidden_layers=2)),
-    "mamba2": (
-        "Mamba2ForCausalLM",
-        "Mamba2Config",
-        dict(
-            hidden_size=64,
-            num_hidden_layers=2,
-            state_size=16,
-            head_dim=16,
-            num_heads=8,
-            n_groups=2,
-            expand=2,
-            chunk_size=16,
-        ),
-    ),
-}
+# family -> the preset whose config (vocabulary replaced by the tokenizer's) the folder's model has
+FAMILIES = {"mamba": "mamba-tiny", "mamba2": "mamba2-tiny"}
 
 
 @functools.cache
@@ -73,11 +57,14 @@ def bpe_tokenizer() -> transformers.PreTrainedTokenizerFast:
 def model_folder(path, family: str = "mamba", seed: int = 0) -> str:
     """A checkpoint folder at ``path``: the family's model (random weights from ``seed``, vocab
     = the tokenizer's) and the tokenizer, both with ``save_pretrained``; returns the path."""
-    model_class, config_class, keywords = FAMILIES[family]
-    config = getattr(transformers, config_class)(vocab_size=VOCAB, **keywords)
+    from ssmcc.presets import PRESETS
+
+    preset = PRESETS[FAMILIES[family]]
+    config = preset.build_config()
+    config.vocab_size = VOCAB
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = getattr(transformers, model_class)(config).eval()
+        model = getattr(transformers, preset.model_class)(config).eval()
     model.save_pretrained(path)
     bpe_tokenizer().save_pretrained(path)
     return str(path)
