@@ -2,6 +2,7 @@
 
     python -m benchmarks.interleaved_decode                   # mamba-130m, 5 rounds, 2 threads
     python -m benchmarks.interleaved_decode --model mamba2-130m --rounds 7 --quantize none,int8
+    python -m benchmarks.interleaved_decode --targets onnx,openvino --quantize none,int8
 
 These machines' memory bandwidth moves by 1.5x within minutes (the harness's probe has read 27
 and 49 GB/s in one sitting), and ``benchmarks.run`` measures one contender after another, so a
@@ -37,7 +38,11 @@ def _parse(argv):
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompt-length", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--targets", default="onnx,torch")
+    parser.add_argument(
+        "--targets",
+        default="onnx,torch",
+        help="comma list of onnx, torch, openvino (the onnx target's inline artifact in OpenVINO)",
+    )
     parser.add_argument(
         "--quantize", default="none,int8,fp16", help="comma list of quantize= values"
     )
@@ -57,6 +62,11 @@ def _ssmcc_contenders(model, targets, schemes, threads):
         for scheme in schemes:
             name = f"ssmcc-{target}" + ("" if scheme == "none" else f"-{scheme}")
             _progress(f"compiling {name}")
+            if target == "openvino":
+                from benchmarks.openvino_decode import OpenVinoDecoder
+
+                contenders[name] = (OpenVinoDecoder(model, scheme, threads), scheme)
+                continue
             options = {"threads": threads} if target == "onnx" else {}
             compiled = ssmcc.compile(model, target=target, quantize=scheme, **options)
             contenders[name] = (compiled, scheme)
@@ -64,6 +74,8 @@ def _ssmcc_contenders(model, targets, schemes, threads):
 
 
 def _ssmcc_ms_per_token(compiled, prompt, new_tokens) -> float:
+    if hasattr(compiled, "ms_per_token"):  # OpenVINO (benchmarks/openvino_decode.py)
+        return compiled.ms_per_token(prompt.numpy(), new_tokens)
     compiled.generate(prompt, 2)  # warm (sessions, kernels)
     started = time.perf_counter()
     compiled.generate(prompt, 1)

@@ -114,3 +114,18 @@ def test_inline_is_a_compile_option_with_a_clear_value_check():
     with pytest.raises(ssmcc.OptionError, match="belongs to target onnx"):
         ssmcc.compile(build_preset("mamba-tiny"), "torch", onnx_functions="inline")
     assert issubclass(LoweringError, ssmcc.SSMCCError)
+
+
+def test_the_benchmarks_openvino_decoder_generates_the_onnx_targets_tokens():
+    import torch
+
+    from benchmarks.openvino_decode import OpenVinoDecoder
+
+    model = build_preset("mamba2-tiny")
+    prompt = torch.randint(
+        0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(4)
+    )
+    expected = ssmcc.compile(model, "onnx").generate(prompt, 7)[:, 9:]
+    assert (
+        OpenVinoDecoder(model, "none", 2).generate(prompt.numpy(), 7).tolist() == expected.tolist()
+    )
