@@ -89,6 +89,8 @@ def test_inlined_artifacts_run_in_openvino(preset, tmp_path):
     folder = str(tmp_path / "artifact")
     compiled.save(folder)
     _check_graphs_in_openvino(folder, model.config.vocab_size)
+    if preset not in FAST:
+        return  # the inlined bodies against the library: the fast families (CI time)
     # the same model as the default artifact (ssmcc nodes, run with ssmcc's ORT library)
     reference = ssmcc.compile(model, "onnx")
     ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 9))
