@@ -85,8 +85,6 @@ def _prompt_seconds(generate_one) -> float:
 
 
 def _ssmcc_ms_per_token(compiled, prompt, new_tokens) -> float:
-    if hasattr(compiled, "ms_per_token"):  # OpenVINO (benchmarks/openvino_decode.py)
-        return compiled.ms_per_token(prompt.numpy(), new_tokens)
     compiled.generate(prompt, 2)  # warm (sessions, kernels)
     first = _prompt_seconds(lambda: compiled.generate(prompt, 1))
     started = time.perf_counter()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 
 import numpy as np
 
@@ -59,8 +58,10 @@ class OpenVinoDecoder:
         outputs = [request.get_output_tensor(i).data.copy() for i in range(1 + len(states))]
         return outputs[0], outputs[1:]
 
-    def generate(self, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
-        """Greedy tokens (b, new_tokens) after ``prompt`` (b, l) int64."""
+    def generate(self, prompt, new_tokens: int) -> np.ndarray:
+        """Greedy tokens (b, new_tokens) after ``prompt`` (b, l): ids as a tensor or an array
+        (timed like ``CompiledModel.generate`` by the decode benchmark)."""
+        prompt = np.asarray(prompt, dtype=np.int64)
         logits, states = self._run("chunk", prompt, self._zeros(prompt.shape[0]))
         tokens = []
         for produced in range(new_tokens):
@@ -69,16 +70,3 @@ class OpenVinoDecoder:
             if produced + 1 < new_tokens:
                 logits, states = self._run("step", token, states)
         return np.concatenate(tokens, axis=1)
-
-    def _seconds(self, prompt: np.ndarray, new_tokens: int) -> float:
-        started = time.perf_counter()
-        self.generate(prompt, new_tokens)
-        return time.perf_counter() - started
-
-    def ms_per_token(self, prompt: np.ndarray, new_tokens: int) -> float:
-        """``generate(prompt, N)`` minus ``generate(prompt, 1)`` over N - 1 tokens."""
-        self.generate(prompt, 2)  # warm
-        first = min(self._seconds(prompt, 1) for _ in range(3))  # the prompt, without stalls
-        started = time.perf_counter()
-        self.generate(prompt, new_tokens)
-        return ((time.perf_counter() - started) - first) / (new_tokens - 1) * 1e3

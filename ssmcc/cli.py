@@ -242,53 +242,43 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     if args.eos_id is not None:
         sampling["eos_token_id"] = args.eos_id
-    if args.prompt is not None:
-        if compiled.tokenizer is None:
-            raise SSMCCError(
-                f"{args.model} has no tokenizer, so --prompt cannot be encoded: compile it from a "
-                "model folder that holds one (tokenizer.save_pretrained beside the weights), or "
-                "pass --prompt-ids"
-            )
-        pieces = compiled.stream_text(args.prompt, args.max_new_tokens, **sampling)
-        print(args.prompt, end="", flush=True)
-    else:
-        pieces = (
-            f"{int(token[0])} "
-            for token in compiled.stream(
-                torch.tensor([args.prompt_ids]), args.max_new_tokens, **sampling
-            )
+    if args.prompt is not None and compiled.tokenizer is None:
+        raise SSMCCError(
+            f"{args.model} has no tokenizer, so --prompt cannot be encoded: compile it from a "
+            "model folder that holds one (tokenizer.save_pretrained beside the weights), or "
+            "pass --prompt-ids"
         )
     _progress(
         f"ready in {time.perf_counter() - started:.1f}s; generating up to "
         f"{args.max_new_tokens} token(s)"
     )
-    first, count, begin = None, 0, time.perf_counter()
-    for piece in _counted(pieces):
-        if piece is _TOKEN:
-            first = first or time.perf_counter() - begin
-            count += 1
-            continue
-        print(piece, end="", flush=True)
+    times = []  # when each token came, from the start of generation
+
+    def count(_token) -> None:
+        times.append(time.perf_counter() - begin)
+
+    begin = time.perf_counter()
+    if args.prompt is not None:
+        print(args.prompt, end="", flush=True)
+        for piece in compiled.stream_text(
+            args.prompt, args.max_new_tokens, streamer=count, **sampling
+        ):
+            print(piece, end="", flush=True)
+    else:
+        prompt = torch.tensor([args.prompt_ids])
+        for token in compiled.stream(prompt, args.max_new_tokens, **sampling):
+            count(token)
+            print(int(token[0]), end=" ", flush=True)
     print()
-    total = time.perf_counter() - begin
-    if count == 0:
+    if not times:
         _progress("no token generated")
         return 0
-    rate = (count - 1) / (total - first) if count > 1 and total > first else float("nan")
+    first, total = times[0], time.perf_counter() - begin
+    rate = (len(times) - 1) / (total - first) if len(times) > 1 and total > first else float("nan")
     _progress(
-        f"{count} token(s); time to first token {first * 1e3:.0f} ms, then {rate:.1f} tokens/s"
+        f"{len(times)} token(s); time to first token {first * 1e3:.0f} ms, then {rate:.1f} tokens/s"
     )
     return 0
-
-
-_TOKEN = object()  # marks "one more token" in the stream _counted yields
-
-
-def _counted(pieces):
-    """``pieces`` with ``_TOKEN`` before each (a text piece per token, possibly empty)."""
-    for piece in pieces:
-        yield _TOKEN
-        yield piece
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:

@@ -28,7 +28,7 @@ FAMILIES = [
 ]
 
 
-def SLOW_CASE(name):  # noqa: N802  (reads as a parameter list entry)
+def slow_case(name):
     return pytest.param(name, marks=pytest.mark.slow)
 
 
@@ -132,7 +132,7 @@ def test_greedy_generation_matches_hf(family, target, batch):
 
 @pytest.mark.parametrize(
     "name",
-    [SLOW_CASE("jamba-tiny"), SLOW_CASE("nemotron-h-tiny"), "granite-hybrid-tiny"],
+    [slow_case("jamba-tiny"), slow_case("nemotron-h-tiny"), "granite-hybrid-tiny"],
 )
 def test_onnx_artifact_runs_in_stock_onnxruntime(name, tmp_path):
     """The saved artifact, opened without the ssmcc library (every ssmcc node runs its portable
@@ -191,7 +191,7 @@ def test_prefix_cache_restores_caches_and_counter(family, target):
 BF16_TOLERANCE = dict(rtol=3e-2, atol=5e-2)
 
 
-@pytest.mark.parametrize("name", [SLOW_CASE("jamba-tiny"), "granite-hybrid-tiny"])
+@pytest.mark.parametrize("name", [slow_case("jamba-tiny"), "granite-hybrid-tiny"])
 def test_bfloat16_hybrid_matches_hf_in_bfloat16(name):
     """``dtype=torch.bfloat16`` on the torch target: the SSM ops compute in float32 inside, the
     attention in float32 with bf16 caches (the key's dtype), the experts in float32; logits

@@ -140,8 +140,10 @@ def test_cli_compile_and_run_text(folder, tmp_path, capsys):
     assert sorted(set(os.listdir(out)) & {"tokenizer.json", "tokenizer_config.json"})
     assert main(["run", out, "--prompt", PROMPT, "--max-new-tokens", "8"]) == 0
     captured = capsys.readouterr()
-    assert captured.out == hf_text(folder, PROMPT, 8)[0] + "\n"
-    assert "time to first token" in captured.err
+    text, new_ids = hf_text(folder, PROMPT, 8)
+    assert captured.out == text + "\n"
+    produced = min(8, len(new_ids) + 1)  # the tokens before EOS, and EOS when it came
+    assert f"] {produced} token(s); time to first token" in captured.err  # tokens, not pieces
     assert all(line.startswith("[ssmcc] ") for line in captured.err.splitlines()), captured.err
     # a model folder is compiled (torch target) and keeps its tokenizer too
     assert main(["run", folder, "--prompt", PROMPT, "--max-new-tokens", "8"]) == 0

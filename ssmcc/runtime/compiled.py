@@ -268,22 +268,10 @@ class CompiledModel:
             return self._step_checked(tokens, [state[name] for name in names])
 
         if rows is None:
-            return stream(
-                lambda: prefill_rows(ids),
-                step,
-                ids.shape[0],
-                max_new_tokens,
-                Sampling(**sampling),
-                eos_token_id,
-            )
-        return stream(
-            lambda: self._ragged_prefill(rows, prefill_rows),
-            step,
-            len(rows),
-            max_new_tokens,
-            Sampling(**sampling),
-            eos_token_id,
-        )
+            prefill, batch = (lambda: prefill_rows(ids)), ids.shape[0]
+        else:
+            prefill, batch = (lambda: self._ragged_prefill(rows, prefill_rows)), len(rows)
+        return stream(prefill, step, batch, max_new_tokens, Sampling(**sampling), eos_token_id)
 
     def _ragged_prefill(self, rows, prefill_rows):
         """Prompts of different lengths: each row prefilled alone (no padding enters a state, so
@@ -375,10 +363,11 @@ class CompiledModel:
         ]
         return texts[0] if isinstance(prompts, str) else texts
 
-    def stream_text(self, prompt: str, max_new_tokens: int, **sampling):
+    def stream_text(self, prompt: str, max_new_tokens: int, *, streamer=None, **sampling):
         """Yield the text each new token adds to ``prompt`` (one prompt), as soon as it is
         chosen; stops at the tokenizer's EOS unless ``eos_token_id`` is given. Keywords as for
-        ``generate``."""
+        ``generate`` (``streamer(token_column)`` sees every token, EOS included, also those
+        that add no text yet)."""
         if not isinstance(prompt, str):
             raise InputError(f"stream_text takes one text prompt, got {type(prompt).__name__}")
         (row,) = self._text_rows(prompt)
@@ -386,6 +375,8 @@ class CompiledModel:
         eos = sampling.get("eos_token_id")
         pieces = TextStream(self.tokenizer, row)
         for token in self.stream(row[None], max_new_tokens, **sampling):
+            if streamer is not None:
+                streamer(token)
             if eos is not None and int(token[0]) == eos:
                 break
             piece = pieces.add(int(token[0]))

@@ -149,10 +149,6 @@ class TextStream:
         return self._show(decode(self.tokenizer, self.ids))
 
     def _show(self, text: str) -> str:
-        shared = 0
-        for a, b in zip(self.shown, text, strict=False):
-            if a != b:
-                break
-            shared += 1
+        shared = len(os.path.commonprefix([self.shown, text]))
         self.shown = text  # a change before the end (rare) cannot be taken back: it is resent
         return text[shared:]
