@@ -96,6 +96,7 @@ def _worker_rows(contender: str, suite: str, env: dict) -> list[dict]:
     return [json.loads(line.removeprefix("BENCH_ROW ")) for line in lines]
 
 
+@pytest.mark.slow
 def test_llama_cpp_contender_says_where_to_find_it():
     import os
 

@@ -15,8 +15,19 @@ TOLERANCE = 1e-4
 RULES = {"loop": "unrolled_loop", "scan_op": "scan_op", "pscan": "parallel_scan"}
 
 
-@pytest.mark.parametrize("target", ["torch", "onnx"])
-@pytest.mark.parametrize("form", list(RULES))
+@pytest.mark.parametrize(
+    "form,target",
+    [("scan_op", "torch"), ("loop", "onnx")]
+    + [
+        pytest.param(form, target, marks=pytest.mark.slow)
+        for form, target in [
+            ("loop", "torch"),
+            ("pscan", "torch"),
+            ("scan_op", "onnx"),
+            ("pscan", "onnx"),
+        ]
+    ],
+)
 def test_handwritten_stack_compiles(form, target):
     model = build(form, layers=2)
     ids = torch.randint(0, 64, (2, 16))
@@ -29,7 +40,7 @@ def test_handwritten_stack_compiles(form, target):
     assert (torch.as_tensor(compiled(ids)) - expected).abs().max() <= TOLERANCE
 
 
-@pytest.mark.parametrize("target", ["torch", "onnx"])
+@pytest.mark.parametrize("target", ["torch", pytest.param("onnx", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_hugging_face_without_routing_becomes_a_routed_like_program(family, target):
     """HF's own loop, captured at 24 tokens with routing off: once the scans and the cut conv1d

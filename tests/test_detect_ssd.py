@@ -43,7 +43,7 @@ def _ssd_nodes(compiled):
 
 @pytest.mark.parametrize(
     "chunk,capture_length,target",
-    [(16, 24, "torch"), (256, 24, "torch"), (16, 32, "onnx")],
+    [(16, 24, "torch"), (256, 24, "torch"), pytest.param(16, 32, "onnx", marks=pytest.mark.slow)],
     ids=["chunk16-pad8-torch", "chunk256-pad232-torch", "chunk16-nopad-onnx"],
 )
 def test_hugging_face_chunked_path_becomes_one_ssd_scan_per_layer(chunk, capture_length, target):

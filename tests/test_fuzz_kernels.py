@@ -1,7 +1,7 @@
 """Differential fuzzing of every op on every path against a float64 oracle (``fuzzing.py``).
 
-Default run: 200 seeded cases per op; ``slow``: 2,000 more per op, 500 more for the fused mixers,
-whose parts are the ops fuzzed 2,200 times each (their own code is the composition: layouts,
+Default run: 100 seeded cases per op; ``slow``: 2,000 more per op, 500 more for the fused mixers,
+whose parts are the ops fuzzed 2,100 times each (their own code is the composition: layouts,
 strides, the projections between the parts). CI runs both. A failure the fuzzer found is kept in
 ``FOUND`` as a regular test.
 """
@@ -12,7 +12,7 @@ import pytest
 
 from . import fuzzing
 
-DEFAULT_CASES = 200
+DEFAULT_CASES = 100
 SLOW_CASES = 2000
 FUSED_SLOW_CASES = 500
 FUSED = {"ssd_mixer", "ssd_mixer_step", "mamba_mixer", "mamba_mixer_step"}

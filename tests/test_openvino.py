@@ -25,8 +25,9 @@ ov = pytest.importorskip("openvino")
 ort = pytest.importorskip("onnxruntime")
 
 PARITY = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
-FAST = ["mamba-tiny", "mamba2-tiny"]
+FAST = ["mamba2-tiny"]
 SLOW = [
+    "mamba-tiny",
     "jamba-tiny",
     "falcon-mamba-tiny",
     "bamba-tiny",
@@ -118,6 +119,7 @@ def test_inline_is_a_compile_option_with_a_clear_value_check():
     assert issubclass(LoweringError, ssmcc.SSMCCError)
 
 
+@pytest.mark.slow
 def test_the_benchmarks_openvino_decoder_generates_the_onnx_targets_tokens():
     import torch
 

@@ -71,7 +71,9 @@ def test_handwritten_stack_one_scan_per_layer(form):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("use_mambapy", [False, True], ids=["loop", "pscan"])
+@pytest.mark.parametrize(
+    "use_mambapy", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["loop", "pscan"]
+)
 def test_hugging_face_static_export_without_routing(family, use_mambapy):
     """HF's own slow path (its Python loop, or mamba.py's pscan with use_mambapy), exported at
     T=64 by plain torch.export: one selective_scan per layer, logits within 1e-4."""

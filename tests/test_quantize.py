@@ -277,6 +277,7 @@ def _greedy_agreement(model, compiled, prompts) -> float:
     return agree / total
 
 
+@SLOW
 def test_the_trained_model_has_learnt_its_text(trained_mamba_model):
     """The fixture is what these tests need: on held-out bytes its loss is far below a random
     model's of the same config (ln 256 = 5.5 nats/byte). Here, not in a module of its own, so
@@ -330,7 +331,7 @@ def test_portable_int8_onnx_gives_the_same_tokens_in_stock_onnxruntime(
 
 
 FAMILY_CASES = [
-    pytest.param("jamba-tiny", "torch", "int8"),
+    pytest.param("jamba-tiny", "torch", "int8", marks=SLOW),
     pytest.param("jamba-tiny", "onnx", "int8", marks=SLOW),  # experts through DequantizeLinear
     pytest.param("granite-hybrid-tiny", "onnx", "bf16", marks=SLOW),  # experts through Cast
 ]

@@ -56,7 +56,12 @@ def test_golden_tiny_mamba2(golden):
 
 
 @pytest.mark.parametrize(
-    "target,kernels", [("torch", "auto"), ("onnx", "auto"), ("onnx", "reference")]
+    "target,kernels",
+    [
+        ("torch", "auto"),
+        ("onnx", "auto"),
+        pytest.param("onnx", "reference", marks=pytest.mark.slow),
+    ],
 )
 def test_fused_matches_unfused_prefill_step_and_generate(target, kernels):
     model = _mamba2(num_hidden_layers=2, n_groups=1, eos_token_id=None, vocab_size=64)
