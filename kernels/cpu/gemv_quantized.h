@@ -92,11 +92,13 @@ inline float widen_one(uint16_t w) {
   return out;
 }
 
-// Outputs n0 .. n0 + R - 1 of row m of x: R rows of W streamed together.
+// Outputs n0 .. n0 + R - 1 of row m of x: R rows of W streamed together, the next R rows
+// prefetched meanwhile (see kPrefetchLine).
 template <int R, typename W>
 inline void quantized_gemv_block(const QuantizedGemvArgs<W>& a, int64_t n0, int64_t m) {
   const int64_t K = a.in_features, G = a.groups, g = K / G;
   const int64_t full = g - g % gemm::kLanes;
+  constexpr int64_t kLine = kPrefetchLine / sizeof(W);  // weights a cache line
   const float* x = a.x + m * K;
   gemm::vfloat total[R] = {};
   float tail[R] = {};
@@ -106,6 +108,8 @@ inline void quantized_gemv_block(const QuantizedGemvArgs<W>& a, int64_t n0, int6
     gemm::vfloat acc[R] = {};
     for (int64_t k = 0; k < full; k += gemm::kLanes) {
       const gemm::vfloat xv = gemm::load(x + k0 + k);
+      if (k % kLine == 0)
+        for (int r = 0; r < R; ++r) prefetch(w + (R + r) * K + k);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) acc[r] += widen(w + r * K + k) * xv;
     }
