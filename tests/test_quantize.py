@@ -101,6 +101,53 @@ def test_cpp_kernel_matches_reference(scheme, rows, cols):
         )
 
 
+@pytest.mark.parametrize("scheme", ["int8", "int8-g32", "bf16", "fp16"])
+@pytest.mark.parametrize("rows", [1, 9, 300])  # the emitter uses the node for few; any are right
+@pytest.mark.parametrize("out_features", [37, 130])  # a partial row block, several blocks
+def test_ort_library_node_matches_reference_at_any_rows(scheme, rows, out_features):
+    """The ssmcc ORT library's QuantizedLinear / HalfLinear node alone, x (2, rows, k), against
+    the reference."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ssmcc.lowering.onnx.runtime import custom_op_library
+    from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
+
+    library = custom_op_library("auto")
+    if library is None:
+        pytest.skip("the ssmcc ORT library does not build here")
+    import onnxruntime as ort
+
+    cols = 96
+    stored, scale = quantize_weight(_weight(out_features, cols), scheme)
+    x, bias = torch.randn(2, rows, cols), torch.randn(out_features)
+    weight = stored.view(torch.int16) if stored.dtype == torch.bfloat16 else stored
+    weight_tensor = numpy_helper.from_array(weight.numpy(), "weight")
+    if stored.dtype == torch.bfloat16:
+        weight_tensor.data_type = TensorProto.BFLOAT16
+    name = "QuantizedLinear" if stored.dtype == torch.int8 else "HalfLinear"
+    graph = helper.make_graph(
+        [helper.make_node(name, ["x", "weight", "scale", "bias"], ["y"], domain=DOMAIN)],
+        "one_node",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, rows, cols])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            weight_tensor,
+            numpy_helper.from_array(scale.numpy(), "scale"),
+            numpy_helper.from_array(bias.numpy(), "bias"),
+        ],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, VERSION)]
+    )
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(library)
+    session = ort.InferenceSession(model.SerializeToString(), options)
+    (y,) = session.run(None, {"x": x.numpy()})
+    torch.testing.assert_close(
+        torch.from_numpy(y), quantized_linear_ref(x, stored, scale, bias), **KERNEL_TOLERANCE
+    )
+
+
 def test_pass_rules_on_mamba():
     """Every projection outside the fused mixer and the tied head/embedding: one int8 copy."""
     model = make_hf_model("mamba", hidden_size=64, vocab_size=300)
