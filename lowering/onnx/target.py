@@ -30,6 +30,8 @@ from ssmcc.errors import ArtifactError, LoweringError
 from ssmcc.lowering.artifact_checks import check_state_inputs
 from ssmcc.lowering.onnx.emitters import ONNX_TABLE, ONNX_UNSUPPORTED
 from ssmcc.lowering.onnx.export import OPSET, lower_to_onnx
+from ssmcc.lowering.onnx.graph_edits import remove_dead_nodes
+from ssmcc.lowering.onnx.matmul_nbits import use_matmul_nbits
 from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
 from ssmcc.ops.contracts import StateSpec
 from ssmcc.passes.program_set import STATEFUL_GRAPHS, ProgramSet
@@ -223,37 +225,17 @@ def inline_functions(model: onnx.ModelProto, graph: str) -> onnx.ModelProto:
     standard = [o for o in inlined.opset_import if o.domain in ("", "ai.onnx")]
     del inlined.opset_import[:]
     inlined.opset_import.extend(standard)
-    _remove_dead_nodes(inlined.graph)
+    remove_dead_nodes(inlined.graph)
     return inlined
-
-
-def _names_read(node: onnx.NodeProto) -> set[str]:
-    """What ``node`` reads: its inputs and, inside its subgraphs, every input of every node."""
-    names = set(node.input)
-    for attribute in node.attribute:
-        for sub in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
-            for inner in sub.node:
-                names |= _names_read(inner)
-    return names
-
-
-def _remove_dead_nodes(graph: onnx.GraphProto) -> None:
-    """Drop nodes none of whose outputs is read (a body's constants for a branch another
-    attribute value selects, left by inlining; ORT warns about each)."""
-    needed = {value.name for value in graph.output}
-    kept = []
-    for node in reversed(graph.node):
-        if any(output in needed for output in node.output):
-            kept.append(node)
-            needed |= _names_read(node)
-    del graph.node[:]
-    graph.node.extend(reversed(kept))
 
 
 def lower(programs: ProgramSet, options) -> OnnxExecutable:
     models = _models(programs)
     if options["onnx_functions"] == "inline":
         models = {name: inline_functions(model, name) for name, model in models.items()}
+    else:  # ONNX Runtime: int8 prefill products through its MatMulNBits
+        for model in models.values():
+            use_matmul_nbits(model)
     for model in models.values():
         onnx.checker.check_model(model, full_check=True)
     workdir = tempfile.mkdtemp(prefix="ssmcc-onnx-")
