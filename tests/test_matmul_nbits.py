@@ -87,15 +87,16 @@ def test_chains_it_cannot_express_are_left_as_they_are():
     assert use_matmul_nbits(floats) == 0
 
 
-def test_compiled_artifacts_use_it_on_onnxruntime_only():
+@pytest.mark.parametrize("scheme", ["int8", "int8-g32"])
+def test_compiled_artifacts_use_it_on_onnxruntime_only(scheme):
     model = make_hf_model("mamba", hidden_size=64, vocab_size=300, seed=3)
     products = 2 * model.config.num_hidden_layers + 1
     ids = torch.randint(0, 300, (2, 19))
-    reference = ssmcc.compile(model, target="torch", quantize="int8", kernels="reference")
+    reference = ssmcc.compile(model, target="torch", quantize=scheme, kernels="reference")
     with torch.no_grad():
         expected = reference.program.module()(ids)
     for option, count in (("keep", products), ("inline", 0)):
-        compiled = ssmcc.compile(model, target="onnx", quantize="int8", onnx_functions=option)
+        compiled = ssmcc.compile(model, target="onnx", quantize=scheme, onnx_functions=option)
         for graph in ("prefill", "chunk"):
             proto = onnx.load(
                 f"{compiled.executable.folder}/{graph}.onnx", load_external_data=False

@@ -71,9 +71,10 @@ def _attribute(node: onnx.NodeProto, name: str):
 
 
 def _match(g: _Graph, matmul: onnx.NodeProto):
-    """(weight initializer, scale array) when ``matmul``'s B is the transposed dequantised int8
-    weight, per channel (DequantizeLinear(W, s)) or per group (Reshape -> DequantizeLinear ->
-    Reshape of W), with the scale a constant; else None."""
+    """(int8 initializer, n, k, scale (n, G)) when ``matmul``'s B is the transposed dequantised
+    int8 weight (n, k), per channel (DequantizeLinear(W, s)) or per group (Reshape ->
+    DequantizeLinear -> Reshape of W, the first Reshape possibly folded into W), with the scale a
+    constant; else None."""
     transpose = g.produced_by(matmul.input[1], "Transpose")
     if transpose is None or list(_attribute(transpose, "perm") or []) != [1, 0]:
         return None
@@ -83,18 +84,23 @@ def _match(g: _Graph, matmul: onnx.NodeProto):
     if dequantize is None or len(dequantize.input) != 2 or _attribute(dequantize, "axis") != 0:
         return None
     flatten = g.produced_by(dequantize.input[0], "Reshape")
-    if (flatten is None) != (widen_back is None):
-        return None
     weight = g.int8_weight(flatten.input[0] if flatten else dequantize.input[0])
     scale = g.initializers.get(dequantize.input[1])
     if weight is None or scale is None or scale.data_type != TensorProto.FLOAT:
         return None
-    return weight, numpy_helper.to_array(scale).reshape(weight.dims[0], -1)
-
-
-def _rewrite(g: _Graph, matmul: onnx.NodeProto, weight: onnx.TensorProto, scale, index: int):
-    """The nodes and the scale initializer replacing ``matmul``, or None (no valid block)."""
     n, k = (int(d) for d in weight.dims)
+    if widen_back is not None and flatten is None:  # the exporter folded W into (n G, g)
+        shape = g.initializers.get(widen_back.input[1])
+        if shape is None:
+            return None
+        n, k = (int(d) for d in numpy_helper.to_array(shape))
+    elif (flatten is None) != (widen_back is None):
+        return None
+    return weight, n, k, numpy_helper.to_array(scale).reshape(n, -1)
+
+
+def _rewrite(matmul: onnx.NodeProto, weight: onnx.TensorProto, n: int, k: int, scale, index: int):
+    """The nodes and the scale initializer replacing ``matmul``, or None (no valid block)."""
     block = _block_size(k, scale.shape[1])
     if block is None:
         return None
@@ -131,7 +137,7 @@ def use_matmul_nbits(model: onnx.ModelProto) -> int:
     nodes, added, count = [], [], 0
     for node in model.graph.node:
         found = _match(g, node) if node.op_type == "MatMul" and not node.domain else None
-        replacement = _rewrite(g, node, *found, count) if found else None
+        replacement = _rewrite(node, *found, count) if found else None
         if replacement is None:
             nodes.append(node)
             continue
