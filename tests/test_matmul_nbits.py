@@ -104,3 +104,12 @@ def test_compiled_artifacts_use_it_on_onnxruntime_only(scheme):
             found = [n.op_type for n in proto.graph.node].count("MatMulNBits")
             assert found == (count if graph == "prefill" else count and products - 1), graph
         torch.testing.assert_close(compiled(ids), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_manifest_names_the_operator_sets_the_graphs_import(tmp_path):
+    import json
+
+    model = make_hf_model("mamba", hidden_size=64, vocab_size=300, seed=3)
+    ssmcc.compile(model, target="onnx", quantize="int8").save(str(tmp_path / "a"))
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["opset"] == {"": 20, "ssmcc": 1, "com.microsoft": 1}

@@ -258,9 +258,21 @@ def save(executable: OnnxExecutable, folder: str) -> dict:
         shutil.copy2(os.path.join(executable.folder, name), os.path.join(folder, name))
     return {
         "graphs": executable.graph_entries,
-        "opset": {"": OPSET, DOMAIN: VERSION},
+        "opset": _opsets(executable),
         "versions": _versions(),
     }
+
+
+def _opsets(executable: OnnxExecutable) -> dict[str, int]:
+    """The operator sets the graph files import (ONNX's, ssmcc's and, where int8 prefill
+    products are MatMulNBits, com.microsoft's), highest version per domain."""
+    found = {"": OPSET, DOMAIN: VERSION}
+    for entry in executable.graph_entries.values():
+        proto = onnx.load(os.path.join(executable.folder, entry["file"]), load_external_data=False)
+        for opset in proto.opset_import:
+            domain = "" if opset.domain == "ai.onnx" else opset.domain
+            found[domain] = max(found.get(domain, 0), opset.version)
+    return found
 
 
 def _tensors(graph: onnx.GraphProto):
