@@ -48,7 +48,6 @@ def _block_size(in_features: int, groups: int) -> int | None:
 
 class _Graph:
     def __init__(self, graph: onnx.GraphProto):
-        self.graph = graph
         self.initializers = {t.name: t for t in graph.initializer}
         self.producer = {out: node for node in graph.node for out in node.output}
 
@@ -151,6 +150,7 @@ def use_matmul_nbits(model: onnx.ModelProto) -> int:
     model.graph.initializer.extend(added)
     remove_dead_nodes(model.graph)
     used = {name for node in model.graph.node for name in names_read(node)}
+    used |= {value.name for value in model.graph.output}
     kept = [t for t in model.graph.initializer if t.name in used]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
