@@ -4,8 +4,8 @@ Two shared libraries from one set of kernel headers (``ssm_kernels.h``, ``ssd_ke
 
 - ``libssmcc_kernels.so`` (``torch_entry.cpp``): C entry points the torch target calls via ctypes;
 - ``libssmcc_ort.so`` (``ort_ops.cpp``, ``ort_ssd_ops.cpp``, ``ort_mixer_ops.cpp``,
-  ``ort_mamba_mixer_ops.cpp``, ``ort_quantized_ops.cpp``): the ONNX Runtime custom-op library
-  of the ``ssmcc`` domain;
+  ``ort_mamba_mixer_ops.cpp``, ``ort_quantized_ops.cpp``, ``ort_linear_ops.cpp``): the ONNX
+  Runtime custom-op library of the ``ssmcc`` domain;
   needs ONNX Runtime's C++ headers (``fetch_ort_headers.sh``, or ``SSMCC_ORT_INCLUDE``).
 
 The cache key hashes the sources, flags, compiler version and CPU flags (the build uses
@@ -202,6 +202,7 @@ def build_ort_library() -> str | None:
             "ort_mixer_ops.cpp",
             "ort_mamba_mixer_ops.cpp",
             "ort_quantized_ops.cpp",
+            "ort_linear_ops.cpp",
         ],
         ["-DORT_API_MANUAL_INIT", f"-I{headers}"],
         header_key,

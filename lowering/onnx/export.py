@@ -38,11 +38,17 @@ from ssmcc.lowering.onnx.functions_ssd import (
     ssd_state_update_function,
 )
 from ssmcc.lowering.onnx.quantized import SCHEMAS as QUANTIZED_SCHEMAS
-from ssmcc.lowering.onnx.quantized import half_linear_function, quantized_linear_function
+from ssmcc.lowering.onnx.quantized import (
+    half_linear_function,
+    quantized_linear_function,
+    widen_function,
+)
 from ssmcc.lowering.onnx.schemas import DOMAIN, register_schemas
+from ssmcc.lowering.onnx.weights_in_place import SCHEMA as LINEAR_SCHEMA
 from ssmcc.ops import SSMCC_OPS, is_ssmcc_op
 
 OPSET = 20
+WEIGHT_BYTES = 1024  # initializers this large are weights: kept as stored, in weights.bin
 
 
 @contextlib.contextmanager
@@ -105,48 +111,29 @@ def _rename_dims(model: onnx.ModelProto, names: dict[str, str]) -> None:
                 dim.dim_param = symbol.sub(lambda m: names[m.group(1)], dim.dim_param)
 
 
-def _share_transposed_weights(model: onnx.ModelProto) -> int:
-    """Replace each 2-D initializer that equals the transpose of another by ``Transpose(other)``.
+def _keep_weight_transposes(node) -> bool | None:
+    """onnxscript's folding rule: never fold a ``Transpose`` of a weight (an initializer of
+    ``WEIGHT_BYTES`` or more); None leaves every other node to its default rules.
 
-    torch.onnx's constant folding pre-transposes linear weights; a weight tied to another use
-    (the LM head and the token embedding) is then stored twice. ORT folds the Transpose back at
-    session creation, so the file holds the weights once. Returns how many were shared.
-    """
-    from onnx import numpy_helper
+    Folded, each linear layer's weight (n, k) becomes a new (k, n) array: a second copy of the
+    weights in memory while compiling, and a layout that ``weights_in_place`` would transpose
+    back. Kept, the product reads the model's own tensor, which is written to ``weights.bin``
+    as it is."""
+    if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+        return None
+    source = node.inputs[0]
+    tensor = source.const_value if source is not None else None
+    if tensor is not None and tensor.nbytes >= WEIGHT_BYTES:
+        return False
+    return None
 
-    by_shape: dict[tuple, list] = {}
-    for tensor in model.graph.initializer:
-        if len(tensor.dims) == 2:
-            by_shape.setdefault(tuple(tensor.dims), []).append(tensor)
-    replaced = {}
-    for tensor in list(model.graph.initializer):
-        if len(tensor.dims) != 2 or tensor.name in replaced:
-            continue
-        candidates = by_shape.get((tensor.dims[1], tensor.dims[0]), [])
-        array = None
-        for other in candidates:
-            if other.name == tensor.name or other.name in replaced or tensor.dims[0] < 2:
-                continue
-            array = numpy_helper.to_array(tensor) if array is None else array
-            if (
-                other.data_type == tensor.data_type
-                and (numpy_helper.to_array(other) == array.T).all()
-            ):
-                replaced[tensor.name] = other.name
-                break
-    if not replaced:
-        return 0
-    kept = [t for t in model.graph.initializer if t.name not in replaced]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(kept)
-    transposes = [
-        onnx.helper.make_node("Transpose", [source], [name], perm=[1, 0])
-        for name, source in replaced.items()
-    ]
-    nodes = list(model.graph.node)
-    del model.graph.node[:]
-    model.graph.node.extend(transposes + nodes)
-    return len(replaced)
+
+def _optimize(model) -> None:
+    """torch.onnx's ``optimize=True`` (onnxscript's constant folding and rewrites, in place on
+    the ONNX IR) with the weights' transposes kept (``_keep_weight_transposes``)."""
+    from onnxscript.optimizer import optimize_ir
+
+    optimize_ir(model, should_fold=_keep_weight_transposes)
 
 
 def _strip_node_metadata(model: onnx.ModelProto) -> None:
@@ -162,9 +149,12 @@ def lower_to_onnx(
     input_names: list[str] | None = None,
     output_names: list[str] | None = None,
     dim_names: dict[str, str] | None = None,
+    take_weights=None,
 ) -> onnx.ModelProto:
-    """``dim_names`` maps the program's symbol names (e.g. ``s0``) to ONNX dim names."""
-    register_schemas(QUANTIZED_SCHEMAS)
+    """``dim_names`` maps the program's symbol names (e.g. ``s0``) to ONNX dim names.
+    ``take_weights(ir_model)``, when given, moves the weights out of the exported model before
+    it becomes a ModelProto (which would otherwise hold a copy of every weight)."""
+    register_schemas((*QUANTIZED_SCHEMAS, LINEAR_SCHEMA))
     table = _translation_table(program)
     widths = _conv_widths(program)
     if len(widths) > 1:
@@ -178,7 +168,7 @@ def lower_to_onnx(
                 program,
                 dynamo=True,
                 custom_translation_table=table,
-                optimize=True,
+                optimize=False,  # optimised below, keeping weights as the model stores them
                 opset_version=OPSET,
                 input_names=input_names,
                 output_names=output_names,
@@ -189,7 +179,11 @@ def lower_to_onnx(
             f"backend 'onnx': torch.onnx.export failed: {type(error).__name__}: "
             f"{str(error).strip().splitlines()[0]}"
         ) from error
+    _optimize(exported.model)
+    if take_weights is not None:
+        take_weights(exported.model)
     model = exported.model_proto
+    del exported
     used = {node.op_type for node in model.graph.node if node.domain == DOMAIN}
     bodies = {
         "SelectiveScan": lambda: selective_scan_function(OPSET),
@@ -205,6 +199,7 @@ def lower_to_onnx(
         "MambaMixerStep": lambda: mamba_mixer_step_function(OPSET),
         "QuantizedLinear": lambda: quantized_linear_function(OPSET),
         "HalfLinear": lambda: half_linear_function(OPSET),
+        "Widen": lambda: widen_function(OPSET),
     }
     for fused, called in _CALLED.items():
         if fused in used:
@@ -213,6 +208,5 @@ def lower_to_onnx(
         if op_type in used:
             model.functions.append(make())
     _rename_dims(model, dim_names or {})
-    _share_transposed_weights(model)
     _strip_node_metadata(model)
     return model

@@ -26,3 +26,14 @@ def remove_dead_nodes(graph: onnx.GraphProto) -> None:
             needed |= names_read(node)
     del graph.node[:]
     graph.node.extend(reversed(kept))
+
+
+def remove_unused_initializers(graph: onnx.GraphProto) -> None:
+    """Drop initializers no node (subgraphs included) and no graph output reads. Deleted where
+    they are: rebuilding the list would copy every kept tensor's data (protobuf copies messages
+    on ``extend``), a second copy of the weights while compiling."""
+    used = {name for node in graph.node for name in names_read(node)}
+    used |= {value.name for value in graph.output}
+    for index in reversed(range(len(graph.initializer))):
+        if graph.initializer[index].name not in used:
+            del graph.initializer[index]

@@ -26,7 +26,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ssmcc.lowering.onnx.graph_edits import names_read, remove_dead_nodes
+from ssmcc.lowering.onnx.graph_edits import (
+    remove_dead_nodes,
+    remove_unused_initializers,
+)
 
 MS_DOMAIN = "com.microsoft"
 MAX_BLOCK = 256  # per-channel scales: the largest power of two up to this dividing K
@@ -47,7 +50,8 @@ def _block_size(in_features: int, groups: int) -> int | None:
 
 
 class _Graph:
-    def __init__(self, graph: onnx.GraphProto):
+    def __init__(self, graph: onnx.GraphProto, base_dir: str):
+        self.base_dir = base_dir  # where external data is read from
         self.initializers = {t.name: t for t in graph.initializer}
         self.producer = {out: node for node in graph.node for out in node.output}
 
@@ -92,10 +96,10 @@ def _match(g: _Graph, matmul: onnx.NodeProto):
         shape = g.initializers.get(widen_back.input[1])
         if shape is None:
             return None
-        n, k = (int(d) for d in numpy_helper.to_array(shape))
+        n, k = (int(d) for d in numpy_helper.to_array(shape, g.base_dir))
     elif (flatten is None) != (widen_back is None):
         return None
-    return weight, n, k, numpy_helper.to_array(scale).reshape(n, -1)
+    return weight, n, k, numpy_helper.to_array(scale, g.base_dir).reshape(n, -1)
 
 
 def _rewrite(matmul: onnx.NodeProto, weight: onnx.TensorProto, n: int, k: int, scale, index: int):
@@ -129,10 +133,11 @@ def _rewrite(matmul: onnx.NodeProto, weight: onnx.TensorProto, n: int, k: int, s
     return nodes, [scales, offset, shape]
 
 
-def use_matmul_nbits(model: onnx.ModelProto) -> int:
+def use_matmul_nbits(model: onnx.ModelProto, base_dir: str = "") -> int:
     """Rewrite, in place, every MatMul of x with a transposed dequantised int8 initializer into
-    MatMulNBits; returns how many. Nodes left without readers are removed."""
-    g = _Graph(model.graph)
+    MatMulNBits; returns how many. Nodes left without readers are removed. External data is
+    read relative to ``base_dir``."""
+    g = _Graph(model.graph, base_dir)
     nodes, added, count = [], [], 0
     for node in model.graph.node:
         found = _match(g, node) if node.op_type == "MatMul" and not node.domain else None
@@ -149,11 +154,7 @@ def use_matmul_nbits(model: onnx.ModelProto) -> int:
     model.graph.node.extend(nodes)
     model.graph.initializer.extend(added)
     remove_dead_nodes(model.graph)
-    used = {name for node in model.graph.node for name in names_read(node)}
-    used |= {value.name for value in model.graph.output}
-    kept = [t for t in model.graph.initializer if t.name in used]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(kept)
+    remove_unused_initializers(model.graph)
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return count

@@ -13,7 +13,7 @@ Its portable body, and the form emitted inline where the rows include sequence p
 
     int8    W = Reshape(DequantizeLinear(Reshape(weight, (n G, g)), Reshape(scale, (n G,)), axis=0),
                         (n, k))                     the QDQ weight form runtimes recognise
-    16-bit  W = Cast(weight, float) * scale
+    16-bit  W = ssmcc.Widen(weight, scale)          (body: Cast(weight, float) * scale)
     y       = MatMul(x, Transpose(W)) + bias
 
 (per output channel, G = 1, the int8 weight is dequantised as it is; the activations are never
@@ -24,8 +24,10 @@ An embedding is a gather in any runtime, so it is always standard ops (no custom
     out = Reshape(Cast(Gather(weight, ids)) as (..., G, g) * Gather(scale, ids)[..., None],
                   (..., k))
 
-Stock ONNX Runtime folds ``Cast`` of a 16-bit initializer into a float32 copy at session creation
-(its speed, not its memory); ``DequantizeLinear`` it keeps, so int8 weights stay int8 in memory.
+``Widen`` makes the float32 weight on every call. ONNX Runtime with ssmcc's library runs it as a
+kernel, so the 16-bit weights stay 16-bit in memory, shared by the sessions; where the library is
+absent ONNX Runtime inlines the body and folds ``Cast`` of a 16-bit initializer into a float32 copy
+per session (its speed, not its memory). ``DequantizeLinear`` it keeps, so int8 weights stay int8.
 """
 
 from __future__ import annotations
@@ -66,6 +68,20 @@ def _schema(name: str, weight_types: list[str], doc: str) -> OpSchema:
     )
 
 
+WIDEN_SCHEMA = OpSchema(
+    "Widen",
+    DOMAIN,
+    VERSION,
+    doc="The float32 weight W = weight * scale (per group of k / G columns), made on every call.",
+    inputs=[
+        OpSchema.FormalParameter("weight", "W", "(n, k) stored weights"),
+        OpSchema.FormalParameter("scale", "tensor(float)", "(n, G)"),
+    ],
+    outputs=[OpSchema.FormalParameter("dense", "tensor(float)", "(n, k)")],
+    type_constraints=[
+        ("W", ["tensor(int8)", "tensor(bfloat16)", "tensor(float16)"], "weight storage")
+    ],
+)
 SCHEMAS = [
     _schema("QuantizedLinear", ["tensor(int8)"], "Linear layer with int8 weights and scales."),
     _schema(
@@ -73,6 +89,7 @@ SCHEMAS = [
         ["tensor(bfloat16)", "tensor(float16)"],
         "Linear layer with 16-bit float weights (scale all ones).",
     ),
+    WIDEN_SCHEMA,
 ]
 
 
@@ -119,8 +136,8 @@ def emit_quantized_linear(x, weight, scale, bias=None):
         flat = op.Reshape(weight, op.Concat(op.Mul(rows, groups), minus_one, axis=0))
         widened = op.DequantizeLinear(flat, op.Reshape(scale, minus_one), axis=0)
         dense = op.Reshape(widened, op.Shape(weight))
-    else:
-        dense = op.Mul(op.Cast(weight, to=_FLOAT), scale)
+    else:  # widened on every call, never folded into a float32 copy per session
+        dense = SSMCC.Widen(weight, scale)
     # MatMul takes x (..., k) as it is: no reshapes of the activations (ORT copies them)
     y = op.MatMul(x, op.Transpose(dense, perm=[1, 0]))
     return y if bias is None else op.Add(y, bias)
@@ -178,6 +195,36 @@ def _linear_function(name: str, opset: int, int8: bool) -> onnx.FunctionProto:
         ["y"],
         nodes,
         [helper.make_opsetid("", opset)],
+    )
+
+
+def widen_function(opset: int) -> onnx.FunctionProto:
+    """``Widen``'s portable body: per group of g = k / G columns, ``Cast(weight) * scale``."""
+
+    def node(op_type, inputs, output, **attrs):
+        return helper.make_node(op_type, inputs, [output], **attrs)
+
+    def const(output, value):
+        tensor = helper.make_tensor("value", TensorProto.INT64, [1], [value])
+        return node("Constant", [], output, value=tensor)
+
+    nodes = [
+        const("minus_one", -1),
+        const("one", 1),
+        node("Shape", ["weight"], "wshape"),
+        node("Shape", ["weight"], "rows", start=0, end=1),
+        node("Shape", ["scale"], "groups", start=1, end=2),
+        node("Mul", ["rows", "groups"], "row_groups"),
+        node("Concat", ["row_groups", "minus_one"], "flat_shape", axis=0),
+        node("Cast", ["weight"], "wide", to=_FLOAT),
+        node("Reshape", ["wide", "flat_shape"], "flat"),
+        node("Concat", ["row_groups", "one"], "scale_shape", axis=0),
+        node("Reshape", ["scale", "scale_shape"], "flat_scale"),
+        node("Mul", ["flat", "flat_scale"], "scaled"),
+        node("Reshape", ["scaled", "wshape"], "dense"),
+    ]
+    return helper.make_function(
+        DOMAIN, "Widen", ["weight", "scale"], ["dense"], nodes, [helper.make_opsetid("", opset)]
     )
 
 

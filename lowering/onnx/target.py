@@ -5,8 +5,11 @@ Its form of a ``ProgramSet`` is a set of ONNX files sharing one weights file:
 the last position's logits only: what chunked prefill and ``generate`` run), ``step.onnx`` (one
 token + states -> last logits + next states) and ``weights.bin`` (every initializer stored once,
 by content). A model that does not stream has ``forward.onnx`` (its own inputs and outputs)
-instead. ONNX Runtime sessions open on first use of a graph (each holds its own copy of the
-weights, so a model that only generates never opens the full-logits graph).
+instead. ONNX Runtime sessions open on first use of a graph. In the ``onnx_functions="keep"``
+artifact every float32 product reads its weight in place (``weights_in_place.py``; the graph
+entry says ``"weights_in_place": true``): its sessions share one memory map of ``weights.bin``
+and pack nothing, so the model holds its weights once. Any other graph's session holds its own
+copy.
 
 Compiling writes these files to a private working directory (ONNX Runtime reads external weights
 from files) that lives as long as the compiled model; ``save`` copies them into the artifact.
@@ -29,16 +32,16 @@ from onnx import numpy_helper
 from ssmcc.errors import ArtifactError, LoweringError
 from ssmcc.lowering.artifact_checks import check_state_inputs
 from ssmcc.lowering.onnx.emitters import ONNX_TABLE, ONNX_UNSUPPORTED
-from ssmcc.lowering.onnx.export import OPSET, lower_to_onnx
+from ssmcc.lowering.onnx.export import OPSET, WEIGHT_BYTES, lower_to_onnx
 from ssmcc.lowering.onnx.graph_edits import remove_dead_nodes
 from ssmcc.lowering.onnx.matmul_nbits import use_matmul_nbits
 from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
+from ssmcc.lowering.onnx.weights_in_place import read_weights_in_place
 from ssmcc.ops.contracts import StateSpec
 from ssmcc.passes.program_set import STATEFUL_GRAPHS, ProgramSet
 from ssmcc.progress import phase
 
 WEIGHTS_FILE = "weights.bin"
-INLINE_BYTES = 1024  # initializers smaller than this stay inside the graph file
 ALIGN = 64
 _TYPE_NAMES = {
     onnx.TensorProto.INT64: "int64",
@@ -76,42 +79,82 @@ def _describe_values(values) -> list[dict]:
     ]
 
 
-def _externalize(models: dict[str, onnx.ModelProto], folder: str) -> None:
-    """Move every initializer of every model into one ``weights.bin``, each distinct content
-    stored once (the prefill, chunk and step graphs share the weights)."""
-    stored: dict[bytes, tuple[int, int]] = {}
-    with open(os.path.join(folder, WEIGHTS_FILE), "wb") as weights:
-        for model in models.values():
-            for tensor in model.graph.initializer:
-                if not tensor.HasField("raw_data"):
-                    tensor.CopyFrom(
-                        numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name)
-                    )
-                raw = tensor.raw_data
-                if len(raw) < INLINE_BYTES:
-                    continue
-                key = hashlib.sha256(raw).digest() + bytes(str(tensor.data_type), "ascii")
-                if key not in stored:
-                    weights.write(b"\0" * (-weights.tell() % ALIGN))
-                    stored[key] = (weights.tell(), len(raw))
-                    weights.write(raw)
-                offset, length = stored[key]
-                tensor.ClearField("raw_data")
-                tensor.data_location = onnx.TensorProto.EXTERNAL
-                del tensor.external_data[:]
-                for k, v in (("location", WEIGHTS_FILE), ("offset", offset), ("length", length)):
-                    tensor.external_data.add(key=k, value=str(v))
-    for name, model in models.items():
-        onnx.save_model(model, os.path.join(folder, f"{name}.onnx"))
+class _WeightsFile:
+    """``weights.bin``, written as the graphs are exported: each graph's weights move into the
+    file before the graph becomes a ModelProto (``take``; the proto then holds references only)
+    and any weight a rewrite adds afterwards when the graph is final (``externalize``). Each
+    distinct content is stored once (the prefill, chunk and step graphs share the weights), so
+    compiling holds no copy of the weights beyond the model's own and one tensor at a time."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        self.file = open(os.path.join(folder, WEIGHTS_FILE), "wb")  # noqa: SIM115 (closed by close)
+        self.stored: dict[bytes, tuple[int, int]] = {}
+
+    def _store(self, data: np.ndarray, data_type: int) -> tuple[int, int]:
+        """(offset, length) of ``data``'s bytes in the file, written unless already there."""
+        raw = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        key = hashlib.sha256(raw).digest() + bytes(str(data_type), "ascii")
+        if key not in self.stored:
+            self.file.write(b"\0" * (-self.file.tell() % ALIGN))
+            self.stored[key] = (self.file.tell(), raw.nbytes)
+            self.file.write(raw)
+        return self.stored[key]
+
+    def take(self, model) -> None:
+        """Move the weights of an ONNX IR model (``WEIGHT_BYTES`` or more) into the file, each
+        replaced by a reference to where it is stored."""
+        import onnx_ir as ir
+
+        for value in model.graph.initializers.values():
+            tensor = value.const_value
+            if tensor is None or isinstance(tensor, ir.ExternalTensor):
+                continue
+            if tensor.nbytes < WEIGHT_BYTES:
+                continue
+            offset, length = self._store(tensor.numpy(), int(tensor.dtype))
+            value.const_value = ir.ExternalTensor(
+                WEIGHTS_FILE,
+                offset,
+                length,
+                dtype=tensor.dtype,
+                shape=tensor.shape,
+                name=value.name,
+                base_dir=self.folder,
+            )
+        self.file.flush()  # rewrites read stored tensors back (scales, weights to transpose)
+
+    def externalize(self, model: onnx.ModelProto) -> None:
+        """Move the ModelProto's initializers still held in it (``WEIGHT_BYTES`` or more)
+        into the file."""
+        for tensor in model.graph.initializer:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                continue
+            array = numpy_helper.to_array(tensor)
+            if array.nbytes < WEIGHT_BYTES:
+                continue
+            offset, length = self._store(array, tensor.data_type)
+            tensor.ClearField("raw_data")
+            for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+                tensor.ClearField(field)
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            del tensor.external_data[:]
+            for k, v in (("location", WEIGHTS_FILE), ("offset", offset), ("length", length)):
+                tensor.external_data.add(key=k, value=str(v))
+        self.file.flush()  # the graph is checked against the file before the next is written
+
+    def close(self) -> None:
+        self.file.close()
 
 
-def _graph_entry(name: str, model: onnx.ModelProto) -> dict:
+def _graph_entry(name: str, model: onnx.ModelProto, in_place: bool) -> dict:
     return {
         "file": f"{name}.onnx",
         "inputs": _describe_values(model.graph.input),
         "outputs": _describe_values(model.graph.output),
         "nodes": len(model.graph.node),
         "ssmcc_nodes": sorted({n.op_type for n in model.graph.node if n.domain == DOMAIN}),
+        "weights_in_place": in_place,
     }
 
 
@@ -129,27 +172,30 @@ def _check_float32(program) -> None:
             )
 
 
-def _models(programs: ProgramSet) -> dict[str, onnx.ModelProto]:
+def _exported_models(programs: ProgramSet, take_weights):
+    """(graph name, ONNX model) for each graph of the program set, exported one at a time,
+    its weights moved out by ``take_weights`` (``lower_to_onnx``)."""
     _check_float32(programs.forward)
     if programs.streaming:
         names = [s.name for s in programs.specs]
         inputs = ["input_ids", *names]
         outputs = ["logits", *[f"{n}.next" for n in names]]
-        models = {}
         for graph in STATEFUL_GRAPHS:
             phase(f"exporting the {graph} graph to ONNX")
             program = programs.program(graph)
-            models[graph] = lower_to_onnx(program, inputs, outputs, _dim_names(program))
-        return models
+            yield graph, lower_to_onnx(program, inputs, outputs, _dim_names(program), take_weights)
+        return
     token = programs.token_model
-    return {
-        "forward": lower_to_onnx(
+    phase("exporting the forward graph to ONNX")
+    yield (
+        "forward",
+        lower_to_onnx(
             programs.forward,
             ["input_ids"] if token else None,
             ["logits"] if token else None,
             _dim_names(programs.forward) if token else None,
-        )
-    }
+        ),
+    )
 
 
 class OnnxExecutable:
@@ -162,6 +208,7 @@ class OnnxExecutable:
         self.kernels = kernels
         self.threads = threads
         self._sessions: dict = {}
+        self._weights = None  # SharedWeights, made on the first session that reads in place
 
     @property
     def graphs(self) -> tuple[str, ...]:
@@ -169,11 +216,17 @@ class OnnxExecutable:
 
     def session(self, graph: str):
         if graph not in self._sessions:
-            from ssmcc.lowering.onnx.runtime import make_session
+            from ssmcc.lowering.onnx.runtime import SharedWeights, make_session
 
-            path = os.path.join(self.folder, self.graph_entries[graph]["file"])
+            entry = self.graph_entries[graph]
+            path = os.path.join(self.folder, entry["file"])
+            weights = None
+            if entry.get("weights_in_place") and os.path.exists(self._weights_path):
+                if self._weights is None:
+                    self._weights = SharedWeights(self._weights_path)
+                weights = self._weights
             try:
-                self._sessions[graph] = make_session(path, self.kernels, self.threads)
+                self._sessions[graph] = make_session(path, self.kernels, self.threads, weights)
             except Exception as error:  # onnxruntime's own exception types
                 first = str(error).strip().splitlines()[0]
                 raise ArtifactError(
@@ -192,6 +245,10 @@ class OnnxExecutable:
                 array = array.astype(np.float32, copy=False)
             feed[entry["name"]] = np.ascontiguousarray(array)
         return [torch.from_numpy(o) for o in self.session(graph).run(None, feed)]
+
+    @property
+    def _weights_path(self) -> str:
+        return os.path.join(self.folder, WEIGHTS_FILE)
 
     def file_paths(self) -> dict[str, str]:
         """Every file of this model (what ``save`` copies), by name."""
@@ -230,22 +287,28 @@ def inline_functions(model: onnx.ModelProto, graph: str) -> onnx.ModelProto:
 
 
 def lower(programs: ProgramSet, options) -> OnnxExecutable:
-    models = _models(programs)
-    if options["onnx_functions"] == "inline":
-        models = {name: inline_functions(model, name) for name, model in models.items()}
-    else:  # ONNX Runtime: int8 prefill products through its MatMulNBits
-        for model in models.values():
-            use_matmul_nbits(model)
-    for model in models.values():
-        onnx.checker.check_model(model, full_check=True)
+    inline = options["onnx_functions"] == "inline"
     workdir = tempfile.mkdtemp(prefix="ssmcc-onnx-")
-    phase("writing the ONNX graphs and weights.bin")
+    graphs = {}
     try:
-        _externalize(models, workdir)
+        weights = _WeightsFile(workdir)
+        for name, model in _exported_models(programs, weights.take):
+            if not inline:  # ONNX Runtime: int8 prefill products through MatMulNBits, float32
+                use_matmul_nbits(model, workdir)  # products on the weights as stored
+                read_weights_in_place(model, workdir)
+            weights.externalize(model)  # what the rewrites added
+            if inline:
+                model = inline_functions(model, name)
+            path = os.path.join(workdir, f"{name}.onnx")
+            onnx.save_model(model, path)
+            onnx.checker.check_model(path, full_check=True)  # by path: it reads weights.bin
+            graphs[name] = _graph_entry(name, model, not inline)
+            del model
+        weights.close()
+        phase(f"wrote the ONNX graphs and {WEIGHTS_FILE}")
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
-    graphs = {name: _graph_entry(name, model) for name, model in models.items()}
     executable = OnnxExecutable(
         workdir, graphs, programs.specs, options.kernels, options["threads"]
     )
