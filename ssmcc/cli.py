@@ -25,7 +25,10 @@ from ssmcc.errors import SSMCCError
 
 
 def _progress(message: str) -> None:
-    print(f"[ssmcc] {message}", file=sys.stderr, flush=True)
+    """A phase line of the command itself (timed with ``-v``, like the library's)."""
+    from ssmcc.progress import phase
+
+    phase(message)
 
 
 def _check_options(target: str, options: dict) -> None:
@@ -349,7 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--verbose",
         action="store_true",
         help="also show third-party warnings and log lines (torch.export, transformers), "
-        "which are hidden by default",
+        "which are hidden by default, and give each [ssmcc] phase line the seconds since the "
+        "first and the resident memory now and at its peak",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
@@ -435,6 +439,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=target_names(),
         help=f"where the artifact runs (default {DEFAULT_TARGET}); 'ssmcc coverage' lists what "
         "each target runs natively",
+    )
+    comp.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,  # 'ssmcc -v compile' and 'ssmcc compile -v' alike
+        help="as 'ssmcc -v': phase lines with time and memory, and third-party log lines",
     )
     comp.add_argument("--out", required=True, metavar="DIR", help="artifact directory to write")
     comp.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
@@ -542,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
     from ssmcc.progress import show_phases
 
     args = build_parser().parse_args(argv)
-    show_phases()
+    show_phases(timed=args.verbose)
     if not args.verbose:
         _quiet_third_parties()
     if getattr(args, "seq_len", 16) < 1:

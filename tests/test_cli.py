@@ -193,3 +193,17 @@ def test_inspect_of_a_missing_program_file(tmp_path, capsys):
     assert "no such file (expected a program saved with torch.export.save)" in (
         capsys.readouterr().err
     )
+
+
+def test_compile_verbose_gives_each_phase_its_time_and_memory(tmp_path, capsys):
+    import re
+
+    out = tmp_path / "artifact"
+    assert main(["compile", "mamba-tiny", "--target", "onnx", "--out", str(out), "-v"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[ssmcc]")]
+    timed = re.compile(r"\[ssmcc\] +\d+\.\ds rss \d+\.\d\d GB \(peak \d+\.\d\d GB\) \S")
+    assert any("exporting the step graph to ONNX" in line for line in lines), lines
+    assert all(timed.match(line) for line in lines if "exporting" in line), lines
+    assert main(["compile", "mamba-tiny", "--out", str(tmp_path / "plain")]) == 0
+    plain = [line for line in capsys.readouterr().err.splitlines() if "capturing" in line]
+    assert plain and not any(" rss " in line for line in plain)  # without -v: no figures
