@@ -69,7 +69,7 @@ def _phase_prepare(size: str, folder: str) -> dict:
     torch.manual_seed(0)
     start = time.perf_counter()
     model = MambaForCausalLM(config).eval()
-    model.save_pretrained(folder + ".partial")
+    model.save_pretrained(folder + ".partial", max_shard_size="2GB")  # a shard's copy at a time
     os.replace(folder + ".partial", folder)
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     return {"parameters": params, "build_s": time.perf_counter() - start}
