@@ -37,6 +37,7 @@ from torch.export.graph_signature import (
 )
 from torch.fx import Node
 
+from ssmcc.file_pages import release_file_pages
 from ssmcc.ops.quantized_linear import SCHEMES, quantize_weight, scheme_applies
 from ssmcc.passes.locations import location
 from ssmcc.passes.pass_base import PassContext, PassResult
@@ -142,6 +143,7 @@ def quantize_weights(program: ExportedProgram, ctx: PassContext) -> PassResult:
             reasons.append(f"{spec.target} {tuple(tensor.shape)} kept {tensor.dtype}: {why}")
             continue
         stored, scale = _quantized(tensor, scheme)
+        release_file_pages([tensor])  # a memory-mapped checkpoint's pages: read once, given back
         pair = []
         for suffix, value in (("quantized", stored), ("scale", scale)):
             target = f"{spec.target}.{suffix}"

@@ -24,7 +24,11 @@ from ssmcc.passes.quantize_weights import quantize_weights
 from ssmcc.progress import phase
 from ssmcc.runtime.artifact import read_manifest
 from ssmcc.runtime.compiled import CompiledModel
-from ssmcc.runtime.quantization_report import fixed_prompts, quantization_accuracy
+from ssmcc.runtime.quantization_report import (
+    fixed_prompts,
+    quantization_accuracy,
+    reference_logits,
+)
 from ssmcc.runtime.report import CompileReport
 from ssmcc.runtime.text import check_tokenizer_fits, tokenizer_of
 
@@ -77,6 +81,11 @@ def quantize_program(program, scheme: str, ctx: PassContext, accuracy_inputs: tu
     stored small, bytes before/after, weights kept and why, and the accuracy against the float
     program on ``accuracy_inputs`` (``quantization_report``); and the pass's records."""
     ctx.options["quantize_weights"] = {"scheme": scheme}
+    bytes_before = _weight_bytes(program)
+    # The float run first: a memory-mapped checkpoint is then read (and given back) layer by
+    # layer, and quantize_weights gives each weight back once converted, so the float weights
+    # and their small copies are never all resident together.
+    expected = reference_logits(program, accuracy_inputs)
     quantized, report = run_passes(program, [quantize_weights], ctx)
     verify_program(quantized, after="quantize_weights")
     hits = report.records[0].stats
@@ -86,10 +95,10 @@ def quantize_program(program, scheme: str, ctx: PassContext, accuracy_inputs: tu
             "scheme": scheme,
             "weights": sum(hits.get(k, 0) for k in ("linear", "embedding", "experts"))
             - hits.get("tied", 0),
-            "bytes_before": _weight_bytes(program),
+            "bytes_before": bytes_before,
             "bytes_after": _weight_bytes(quantized),
             "kept": list(ctx.diagnostics.get("quantize_weights", [])),
-            "accuracy": quantization_accuracy(program, quantized, accuracy_inputs),
+            "accuracy": quantization_accuracy(expected, quantized, accuracy_inputs),
         },
         report.records,
     )

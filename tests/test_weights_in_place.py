@@ -123,6 +123,50 @@ def test_a_tied_head_stored_transposed_is_stored_once_as_the_embedding():
     np.testing.assert_allclose(_run(model, feed)[0], before[0], **TOLERANCE)
 
 
+@pytest.mark.parametrize("groups", [1, 4], ids=["per-channel", "per-group"])
+def test_an_int8_weight_dequantised_per_call_is_read_without_a_transpose(groups):
+    """quantized.py's int8 prefill form, x @ Transpose(DequantizeLinear(W, s)) (per group: W
+    reshaped to (n G, g) and back around it), becomes FusedMatMul(transB) on the dequantised
+    (n, k) weight: ONNX Runtime then holds the int8 initializer only, no float32 copy of it."""
+    rng = np.random.default_rng(groups)
+    n, k = 37, 64
+    weight = rng.integers(-127, 128, (n, k), dtype=np.int8)
+    scale = rng.uniform(0.001, 0.02, (n * groups,)).astype(np.float32)
+    initializers = [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(scale, "s")]
+    if groups == 1:
+        nodes = [helper.make_node("DequantizeLinear", ["w", "s"], ["dense"], axis=0)]
+    else:
+        initializers += [
+            numpy_helper.from_array(np.array([n * groups, k // groups], np.int64), "flat_shape"),
+            numpy_helper.from_array(np.array([n, k], np.int64), "shape"),
+        ]
+        nodes = [
+            helper.make_node("Reshape", ["w", "flat_shape"], ["flat"]),
+            helper.make_node("DequantizeLinear", ["flat", "s"], ["widened"], axis=0),
+            helper.make_node("Reshape", ["widened", "shape"], ["dense"]),
+        ]
+    nodes += [
+        helper.make_node("Transpose", ["dense"], ["dense_t"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "dense_t"], ["y"]),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", n])],
+        initializers,
+    )
+    feed = {"x": rng.standard_normal((2, 9, k)).astype(np.float32)}
+    dense = (weight.reshape(n * groups, -1) * scale[:, None]).reshape(n, k)
+    np.testing.assert_allclose(_run(model, feed)[0], feed["x"] @ dense.T, **TOLERANCE)
+
+    assert read_weights_in_place(model) == 1
+    ops = [n.op_type for n in model.graph.node]
+    assert ops[-1] == "FusedMatMul" and "Transpose" not in ops and "MatMul" not in ops
+    assert {t.name for t in model.graph.initializer} >= {"w", "s"}
+    onnx.checker.check_model(model, full_check=True)
+    np.testing.assert_allclose(_run(model, feed)[0], feed["x"] @ dense.T, **TOLERANCE)
+
+
 def test_a_weight_read_by_anything_but_products_is_left_as_it_is():
     rng = np.random.default_rng(1)
     b = rng.standard_normal((8, 5)).astype(np.float32)

@@ -13,6 +13,8 @@ copy.
 
 Compiling writes these files to a private working directory (ONNX Runtime reads external weights
 from files) that lives as long as the compiled model; ``save`` copies them into the artifact.
+The modules only compiling needs (the exporter and the emitters: onnxscript, 73 MB resident) are
+imported by the functions that compile, so loading an artifact imports onnx and onnxruntime only.
 """
 
 from __future__ import annotations
@@ -30,11 +32,9 @@ import torch
 from onnx import numpy_helper
 
 from ssmcc.errors import ArtifactError, LoweringError
+from ssmcc.file_pages import release_file_pages
 from ssmcc.lowering.artifact_checks import check_state_inputs
-from ssmcc.lowering.onnx.emitters import ONNX_TABLE, ONNX_UNSUPPORTED
-from ssmcc.lowering.onnx.export import OPSET, WEIGHT_BYTES, lower_to_onnx
 from ssmcc.lowering.onnx.graph_edits import remove_dead_nodes
-from ssmcc.lowering.onnx.matmul_nbits import use_matmul_nbits
 from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
 from ssmcc.lowering.onnx.weights_in_place import read_weights_in_place
 from ssmcc.ops.contracts import StateSpec
@@ -106,13 +106,17 @@ class _WeightsFile:
         replaced by a reference to where it is stored."""
         import onnx_ir as ir
 
+        from ssmcc.lowering.onnx.export import WEIGHT_BYTES
+
         for value in model.graph.initializers.values():
             tensor = value.const_value
             if tensor is None or isinstance(tensor, ir.ExternalTensor):
                 continue
             if tensor.nbytes < WEIGHT_BYTES:
                 continue
-            offset, length = self._store(tensor.numpy(), int(tensor.dtype))
+            array = tensor.numpy()
+            offset, length = self._store(array, int(tensor.dtype))
+            release_file_pages([array])  # a memory-mapped checkpoint's pages
             value.const_value = ir.ExternalTensor(
                 WEIGHTS_FILE,
                 offset,
@@ -127,6 +131,8 @@ class _WeightsFile:
     def externalize(self, model: onnx.ModelProto) -> None:
         """Move the ModelProto's initializers still held in it (``WEIGHT_BYTES`` or more)
         into the file."""
+        from ssmcc.lowering.onnx.export import WEIGHT_BYTES
+
         for tensor in model.graph.initializer:
             if tensor.data_location == onnx.TensorProto.EXTERNAL:
                 continue
@@ -175,6 +181,8 @@ def _check_float32(program) -> None:
 def _exported_models(programs: ProgramSet, take_weights):
     """(graph name, ONNX model) for each graph of the program set, exported one at a time,
     its weights moved out by ``take_weights`` (``lower_to_onnx``)."""
+    from ssmcc.lowering.onnx.export import lower_to_onnx
+
     _check_float32(programs.forward)
     if programs.streaming:
         names = [s.name for s in programs.specs]
@@ -293,8 +301,7 @@ def lower(programs: ProgramSet, options) -> OnnxExecutable:
     try:
         weights = _WeightsFile(workdir)
         for name, model in _exported_models(programs, weights.take):
-            if not inline:  # ONNX Runtime: int8 prefill products through MatMulNBits, float32
-                use_matmul_nbits(model, workdir)  # products on the weights as stored
+            if not inline:  # ONNX Runtime: products on the weights as stored
                 read_weights_in_place(model, workdir)
             weights.externalize(model)  # what the rewrites added
             if inline:
@@ -327,8 +334,10 @@ def save(executable: OnnxExecutable, folder: str) -> dict:
 
 
 def _opsets(executable: OnnxExecutable) -> dict[str, int]:
-    """The operator sets the graph files import (ONNX's, ssmcc's and, where int8 prefill
-    products are MatMulNBits, com.microsoft's), highest version per domain."""
+    """The operator sets the graph files import (ONNX's, ssmcc's and, where products read
+    their weights in place, com.microsoft's), highest version per domain."""
+    from ssmcc.lowering.onnx.export import OPSET
+
     found = {"": OPSET, DOMAIN: VERSION}
     for entry in executable.graph_entries.values():
         proto = onnx.load(os.path.join(executable.folder, entry["file"]), load_external_data=False)
@@ -393,8 +402,12 @@ def load(folder: str, manifest: dict, options) -> OnnxExecutable:
 
 
 def native_ops() -> dict[str, str]:
+    from ssmcc.lowering.onnx.emitters import ONNX_TABLE
+
     return {op: emitter.kernel for op, emitter in ONNX_TABLE.items()}
 
 
 def unsupported_ops() -> dict[str, str]:
+    from ssmcc.lowering.onnx.emitters import ONNX_UNSUPPORTED
+
     return dict(ONNX_UNSUPPORTED)

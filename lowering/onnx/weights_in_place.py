@@ -8,7 +8,9 @@ ONNX Runtime nothing to transform. A product of x with a float32 weight::
 
     MatMul(x, Transpose(W))    W a 2-D initializer (n, k), as PyTorch stores it (export keeps
                                weights' transposes: ``export._keep_weight_transposes``), or
-                               W = ssmcc.Widen(weight, scale) of 16-bit weights (``quantized``)
+                               W widened per call from small weights (``quantized``):
+                               ssmcc.Widen(weight, scale) of 16-bit ones, DequantizeLinear of
+                               int8 ones (per group between two Reshapes)
     MatMul(x, B)               B a 2-D initializer (k, n) (a transpose folded by an exporter)
 
 becomes, on W (n, k) (B is stored transposed back to W)::
@@ -151,15 +153,26 @@ class _Weights:
         source = transpose.input[0]
         return (source, False) if source in self.initializers or self.widened(source) else None
 
-    def widened(self, name: str) -> bool:
-        """``name`` is ``ssmcc.Widen`` of stored weights: the float32 weight made per call."""
+    def widened(self, name: str, depth: int = 4) -> bool:
+        """``name`` is a float32 weight made per call from stored weights only: ``ssmcc.Widen``
+        of 16-bit weights, or ``DequantizeLinear`` of int8 ones (per group: between two
+        ``Reshape``s) -- ``quantized.py``'s many-row forms."""
         node = self.producer.get(name)
-        return (
-            node is not None
-            and node.op_type == "Widen"
-            and node.domain == DOMAIN
-            and all(i in self.stored for i in node.input)
+        if depth == 0 or node is None or (node.op_type, node.domain) not in _WIDENING:
+            return False
+        return all(
+            i in self.stored or self._constant(i) or self.widened(i, depth - 1)
+            for i in node.input
+            if i
         )
+
+    def _constant(self, name: str) -> bool:
+        node = self.producer.get(name)
+        return node is not None and node.op_type == "Constant" and not node.domain
+
+
+# the ops of a weight widened per call (``Weights.widened``)
+_WIDENING = {("Widen", DOMAIN), ("DequantizeLinear", ""), ("Reshape", "")}
 
 
 def read_weights_in_place(model: onnx.ModelProto, base_dir: str = "") -> int:

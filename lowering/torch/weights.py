@@ -24,6 +24,7 @@ import torch
 from torch.export import ExportedProgram
 
 from ssmcc.errors import ArtifactError
+from ssmcc.file_pages import release_file_pages
 
 _DTYPES = {
     torch.float32: "F32",
@@ -111,6 +112,7 @@ def write_weights(path: str, programs: dict[str, ExportedProgram]) -> dict[str, 
                 stored[digest] = key if key not in {n for n, _ in blobs} else f"{key}#{len(blobs)}"
                 blobs.append((stored[digest], data))
             index[program_name][key] = stored[digest]
+            release_file_pages([data])  # a memory-mapped checkpoint's pages, read once
     header, offset = {}, 0
     for name, data in blobs:
         offset += -offset % ALIGN
@@ -132,6 +134,7 @@ def write_weights(path: str, programs: dict[str, ExportedProgram]) -> dict[str, 
             f.write(b"\0" * (start + begin - f.tell()))
             if data.numel():
                 f.write(memoryview(_bytes(data)))
+                release_file_pages([data])
     return index
 
 
