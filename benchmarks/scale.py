@@ -4,14 +4,16 @@
     python -m benchmarks.scale --sizes 130m,370m --targets onnx --quantize none,bf16
     SSMCC_BENCH_MODELS=/big/disk python -m benchmarks.scale --sizes 2.8b --quantize bf16
 
-For each Mamba-1 size (the configs of state-spaces/mamba-{130m,370m,790m,1.4b,2.8b}, random
-weights), the model is built once and saved with ``save_pretrained`` under
-``$SSMCC_BENCH_MODELS`` (default ``~/.cache/ssmcc/bench-models``); then, each in a fresh
-process, it is compiled from that folder (``ssmcc.load_model`` + ``ssmcc.compile`` + ``save``)
-and the artifact is run (``ssmcc.load`` + a prompt of ``--prompt`` tokens + ``--new-tokens``
-greedy tokens). Memory is net peak RSS: the process's peak minus its RSS right after its imports
-(torch, onnxruntime, ssmcc), so small models are judged fairly; it is also given as a multiple of
-the weights' bytes (what the checkpoint holds; for ``--quantize bf16`` what the artifact stores).
+For each size -- Mamba-1's (the configs of state-spaces/mamba-{130m,370m,790m,1.4b,2.8b}) and
+Mamba-2's (``--sizes mamba2-130m,...``: the configs of
+state-spaces/mamba2-{130m,370m,780m,1.3b,2.7b}) -- with random weights, the model is built once and
+saved with ``save_pretrained`` under ``$SSMCC_BENCH_MODELS`` (default
+``~/.cache/ssmcc/bench-models``); then, each in a fresh process, it is compiled from that folder
+(``ssmcc.load_model`` + ``ssmcc.compile`` + ``save``) and the artifact is run (``ssmcc.load`` + a
+prompt of ``--prompt`` tokens + ``--new-tokens`` greedy tokens). Memory is net peak RSS: the
+process's peak minus its RSS right after its imports (torch, onnxruntime, ssmcc), so small models
+are judged fairly; it is also given as a multiple of the weights' bytes (what the checkpoint holds;
+for ``--quantize bf16`` what the artifact stores).
 
 Output: a table on stdout, ``scale.json`` and ``scale.png`` (each figure against parameter count,
 log-log) in ``--out``, with the fitted exponent of compile time against parameter count.
@@ -27,15 +29,28 @@ import subprocess
 import sys
 import time
 
-# state-spaces/mamba-*: d_model, n_layer (vocab 50280 padded as in HF's conversions, state 16)
+# state-spaces/mamba-* (Mamba-1; vocab 50280 as in HF's conversions, state 16) and
+# state-spaces/mamba2-* (Mamba-2; vocab 50277 padded to 50288, state 128, head 64, 1 group):
+# name -> (family, d_model, n_layer)
 SIZES = {
-    "130m": (768, 24),
-    "370m": (1024, 48),
-    "790m": (1536, 48),
-    "1.4b": (2048, 48),
-    "2.8b": (2560, 64),
+    "130m": ("mamba", 768, 24),
+    "370m": ("mamba", 1024, 48),
+    "790m": ("mamba", 1536, 48),
+    "1.4b": ("mamba", 2048, 48),
+    "2.8b": ("mamba", 2560, 64),
+    "mamba2-130m": ("mamba2", 768, 24),
+    "mamba2-370m": ("mamba2", 1024, 48),
+    "mamba2-780m": ("mamba2", 1536, 48),
+    "mamba2-1.3b": ("mamba2", 2048, 48),
+    "mamba2-2.7b": ("mamba2", 2560, 64),
 }
 DEFAULT_SIZES = ["130m", "370m", "790m", "1.4b"]
+
+
+def model_folder(size: str) -> str:
+    """Where a size's random-weight checkpoint is saved (once)."""
+    name = size if SIZES[size][0] == "mamba2" else f"mamba-{size}"
+    return os.path.join(models_dir(), name)
 
 
 def _progress(message: str) -> None:
@@ -60,15 +75,31 @@ def _rss() -> tuple[float, float]:
 def _phase_prepare(size: str, folder: str) -> dict:
     """Build the size's model with random weights and save it (once)."""
     import torch
-    from transformers import MambaConfig, MambaForCausalLM
+    from transformers import Mamba2Config, Mamba2ForCausalLM, MambaConfig, MambaForCausalLM
 
-    hidden, layers = SIZES[size]
-    config = MambaConfig(
-        vocab_size=50280, hidden_size=hidden, num_hidden_layers=layers, state_size=16, expand=2
-    )
+    family, hidden, layers = SIZES[size]
+    if family == "mamba2":
+        config = Mamba2Config(
+            vocab_size=50288,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            state_size=128,
+            expand=2,
+            head_dim=64,
+            num_heads=2 * hidden // 64,
+            n_groups=1,
+            chunk_size=256,
+            tie_word_embeddings=True,
+        )
+        model_class = Mamba2ForCausalLM
+    else:
+        config = MambaConfig(
+            vocab_size=50280, hidden_size=hidden, num_hidden_layers=layers, state_size=16, expand=2
+        )
+        model_class = MambaForCausalLM
     torch.manual_seed(0)
     start = time.perf_counter()
-    model = MambaForCausalLM(config).eval()
+    model = model_class(config).eval()
     model.save_pretrained(folder + ".partial", max_shard_size="2GB")  # a shard's copy at a time
     os.replace(folder + ".partial", folder)
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
@@ -87,6 +118,7 @@ def _phase_compile(folder: str, target: str, quantize: str, out: str) -> dict:
     loaded = time.perf_counter() - start
     unique = {t.data_ptr(): t for t in model.state_dict().values()}  # a tied head once
     weights = sum(t.numel() * t.element_size() for t in unique.values())
+    parameters = sum(t.numel() for t in unique.values())
     compiled = ssmcc.compile(model, target=target, quantize=quantize)
     compiled.save(out)
     seconds = time.perf_counter() - start
@@ -97,6 +129,7 @@ def _phase_compile(folder: str, target: str, quantize: str, out: str) -> dict:
         "load_s": loaded,
         "compile_net_peak_bytes": _rss()[1] - base,
         "checkpoint_weight_bytes": weights,
+        "parameters": parameters,
         "artifact_bytes": artifact,
     }
 
@@ -161,17 +194,17 @@ def _fit_exponent(rows: list[dict], key: str) -> float | None:
 
 def _table(rows: list[dict]) -> str:
     head = (
-        "size   target quant  params   weights  compile s  compile net    artifact  run net"
+        "size         target quant  params   weights  compile s  compile net    artifact  run net"
         "        prefill tok/s  decode ms"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['size']:6} {r['target']:6} {r['quantize']:6} error: {r['error']}")
+            lines.append(f"{r['size']:12} {r['target']:6} {r['quantize']:6} error: {r['error']}")
             continue
         gb = 1e9
         lines.append(
-            f"{r['size']:6} {r['target']:6} {r['quantize']:6} {r['parameters'] / 1e6:6.0f}M "
+            f"{r['size']:12} {r['target']:6} {r['quantize']:6} {r['parameters'] / 1e6:6.0f}M "
             f"{r['checkpoint_weight_bytes'] / gb:6.2f}GB {r['compile_s']:9.1f} "
             f"{r['compile_net_peak_bytes'] / gb:6.2f}GB {r['compile_x_weights']:4.2f}x "
             f"{r['artifact_bytes'] / gb:6.2f}GB {r['run_net_peak_bytes'] / gb:6.2f}GB "
@@ -252,9 +285,11 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for size in args.sizes.split(","):
-        folder = os.path.join(models_dir(), f"mamba-{size}")
+        if size not in SIZES:
+            raise SystemExit(f"unknown size {size!r}; known: {', '.join(SIZES)}")
+        folder = model_folder(size)
         if not os.path.isdir(folder):
-            _progress(f"building and saving mamba-{size} in {folder} (once)")
+            _progress(f"building and saving {os.path.basename(folder)} in {folder} (once)")
             info = _run_phase(["prepare", size, folder], args.timeout)
             if "error" in info:
                 rows.append({"size": size, "target": "-", "quantize": "-", **info})
@@ -262,14 +297,15 @@ def main(argv=None) -> int:
         for target in args.targets.split(","):
             for quantize in args.quantize.split(","):
                 row = {"size": size, "target": target, "quantize": quantize}
-                artifact = os.path.join(args.out, f"mamba-{size}.{target}.{quantize}")
+                label = os.path.basename(folder)
+                artifact = os.path.join(args.out, f"{label}.{target}.{quantize}")
                 subprocess.run(["rm", "-rf", artifact], check=True)
-                _progress(f"mamba-{size} {target} {quantize}: compiling")
+                _progress(f"{label} {target} {quantize}: compiling")
                 row.update(
                     _run_phase(["compile", folder, target, quantize, artifact], args.timeout)
                 )
                 if "error" not in row:
-                    _progress(f"mamba-{size} {target} {quantize}: running")
+                    _progress(f"{label} {target} {quantize}: running")
                     row.update(
                         _run_phase(
                             ["run", artifact, str(args.prompt), str(args.new_tokens)],
@@ -278,12 +314,10 @@ def main(argv=None) -> int:
                     )
                 subprocess.run(["rm", "-rf", artifact], check=True)
                 if "error" not in row:
-                    with open(os.path.join(folder, "config.json")) as f:
-                        config = json.load(f)
-                    row["parameters"] = _parameters(config)
-                    stored = row["checkpoint_weight_bytes"]
+                    stored, artifact_bytes = row["checkpoint_weight_bytes"], row["artifact_bytes"]
                     row["compile_x_weights"] = row["compile_net_peak_bytes"] / stored
-                    row["run_x_weights"] = row["run_net_peak_bytes"] / row["artifact_bytes"]
+                    row["compile_x_artifact"] = row["compile_net_peak_bytes"] / artifact_bytes
+                    row["run_x_weights"] = row["run_net_peak_bytes"] / artifact_bytes
                 rows.append(row)
                 print(_table([row]).splitlines()[-1], flush=True)
     exponents = {
@@ -312,25 +346,6 @@ def _threads() -> int:
     import torch
 
     return torch.get_num_threads()
-
-
-def _parameters(config: dict) -> int:
-    """Parameters of a Mamba-1 config (tied head counted once)."""
-    d, layers, n = config["hidden_size"], config["num_hidden_layers"], config["state_size"]
-    inner, rank, conv = config["intermediate_size"], config["time_step_rank"], config["conv_kernel"]
-    per_layer = (
-        d * 2 * inner  # in_proj
-        + inner * conv
-        + inner  # conv1d weight, bias
-        + inner * (rank + 2 * n)  # x_proj
-        + rank * inner
-        + inner  # dt_proj weight, bias
-        + inner * n
-        + inner  # A_log, D
-        + inner * d  # out_proj
-        + d  # norm
-    )
-    return config["vocab_size"] * d + layers * per_layer + d
 
 
 if __name__ == "__main__":
