@@ -81,7 +81,6 @@ def quantize_program(program, scheme: str, ctx: PassContext, accuracy_inputs: tu
     stored small, bytes before/after, weights kept and why, and the accuracy against the float
     program on ``accuracy_inputs`` (``quantization_report``); and the pass's records."""
     ctx.options["quantize_weights"] = {"scheme": scheme}
-    bytes_before = _weight_bytes(program)
     # The float run first: a memory-mapped checkpoint is then read (and given back) layer by
     # layer, and quantize_weights gives each weight back once converted, so the float weights
     # and their small copies are never all resident together.
@@ -95,7 +94,7 @@ def quantize_program(program, scheme: str, ctx: PassContext, accuracy_inputs: tu
             "scheme": scheme,
             "weights": sum(hits.get(k, 0) for k in ("linear", "embedding", "experts"))
             - hits.get("tied", 0),
-            "bytes_before": bytes_before,
+            "bytes_before": _weight_bytes(program),
             "bytes_after": _weight_bytes(quantized),
             "kept": list(ctx.diagnostics.get("quantize_weights", [])),
             "accuracy": quantization_accuracy(expected, quantized, accuracy_inputs),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import functools
 import mmap
 import sys
 from collections import defaultdict
@@ -73,6 +74,13 @@ def _only_file_pages(pagemap, first: int, count: int) -> bool:
     return not bool(np.any(present & ((entries & _FILE_PAGE) == 0)))
 
 
+@functools.cache
+def _madvise():
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return madvise
+
+
 def release_file_pages(tensors) -> int:
     """Drop the resident pages of the memory-mapped, unmodified ``tensors`` (torch tensors or
     numpy arrays); returns how many tensors' pages were dropped (see the module doc for which
@@ -88,8 +96,7 @@ def release_file_pages(tensors) -> int:
         return 0
     mappings = _file_mappings()
     starts = [start for start, _ in mappings]
-    madvise = ctypes.CDLL(None, use_errno=True).madvise
-    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    madvise = _madvise()
     released = 0
     with open("/proc/self/pagemap", "rb", buffering=0) as pagemap:
         for tensor in tensors:

@@ -167,6 +167,29 @@ def test_an_int8_weight_dequantised_per_call_is_read_without_a_transpose(groups)
     np.testing.assert_allclose(_run(model, feed)[0], feed["x"] @ dense.T, **TOLERANCE)
 
 
+def test_a_widened_weight_under_a_transpose_of_every_axis_is_left_as_it_is():
+    """Transpose without perm reverses every axis; FusedMatMul's transB swaps the last two only,
+    so a widened weight of unknown rank is read in place only under an explicit perm [1, 0]."""
+    rng = np.random.default_rng(3)
+    weight = rng.integers(-127, 128, (2, 5, 8), dtype=np.int8)
+    nodes = [
+        helper.make_node("DequantizeLinear", ["w", "s"], ["dense"]),
+        helper.make_node("Transpose", ["dense"], ["dense_t"]),
+        helper.make_node("MatMul", ["x", "dense_t"], ["y"]),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 3, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            numpy_helper.from_array(weight, "w"),
+            numpy_helper.from_array(np.array(0.01, np.float32), "s"),
+        ],
+    )
+    assert read_weights_in_place(model) == 0
+    assert [n.op_type for n in model.graph.node] == ["DequantizeLinear", "Transpose", "MatMul"]
+
+
 def test_a_weight_read_by_anything_but_products_is_left_as_it_is():
     rng = np.random.default_rng(1)
     b = rng.standard_normal((8, 5)).astype(np.float32)

@@ -151,7 +151,11 @@ class _Weights:
         if not self.is_transpose(transpose):
             return None
         source = transpose.input[0]
-        return (source, False) if source in self.initializers or self.widened(source) else None
+        if source in self.initializers:
+            return source, False
+        # a widened weight's rank is not known here: only an explicit 2-D transpose qualifies
+        explicit = [list(a.ints) for a in transpose.attribute if a.name == "perm"] == [[1, 0]]
+        return (source, False) if explicit and self.widened(source) else None
 
     def widened(self, name: str, depth: int = 4) -> bool:
         """``name`` is a float32 weight made per call from stored weights only: ``ssmcc.Widen``
