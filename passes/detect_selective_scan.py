@@ -32,8 +32,8 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections import Counter
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import torch
 from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
@@ -74,6 +74,9 @@ from ssmcc.passes.scan_readout import read_output
 from ssmcc.passes.ssd_chunked import match_chunked_ssd
 from ssmcc.passes.ssd_loop import match_ssd_loop
 from ssmcc.passes.ssd_match import SsdMatch, rewrite_ssd
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 aten = torch.ops.aten
 PASS_NAME = "detect_selective_scan"
@@ -304,6 +307,8 @@ class _Finder:
 
     def dag(self) -> nx.DiGraph:
         if self._dag is None:
+            import networkx as nx  # 15 MB of modules: imported when a search needs the DAG
+
             graph = self.graph_module.graph
             self._dag = nx.DiGraph((a, n) for n in graph.nodes for a in n.all_input_nodes)
         return self._dag

@@ -27,7 +27,6 @@ from ssmcc.passes.chunk_state_passing import chunk_state_passing
 from ssmcc.passes.locations import location
 from ssmcc.passes.manager import run_passes
 from ssmcc.passes.pass_base import PassContext
-from ssmcc.passes.pipelines import pipeline
 from ssmcc.passes.position_mixing import position_mixing
 from ssmcc.passes.scan_to_recurrent_step import (
     expose_recurrent_state,
@@ -129,6 +128,8 @@ class ProgramSet:
     def _stateful(self) -> dict[str, ExportedProgram]:
         if self.refusal is not None:
             raise StreamingError(self.refusal)
+        from ssmcc.passes.pipelines import pipeline  # the pattern passes; not needed to run
+
         ctx = PassContext(verify=self.verify)
         clean = pipeline("default")
         prefill, _ = run_passes(self.forward, [expose_recurrent_state, *clean], ctx)

@@ -10,14 +10,17 @@ parallel-scan algorithm qualifies.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import torch
 from torch.fx import Graph, GraphModule, Node
 
 from ssmcc.passes.dim_labels import Labelled, dim_sources, shape, value
 from ssmcc.passes.recurrence import NotACandidate, Recurrence, ScanLayout
 from ssmcc.passes.scan_factoring import TIME, StepContext, require
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 aten = torch.ops.aten
 
@@ -81,6 +84,8 @@ def parallel_scan_candidates(graph: Graph, layout: ScanLayout) -> Iterator[Node]
 
 
 def find_parallel_scan(exp: Node, dag: nx.DiGraph, layout: ScanLayout) -> Recurrence:
+    import networkx as nx  # imported when a pattern search runs, not when a program is loaded
+
     where = f"decay {exp.name}"
     region_nodes = {
         n for n in nx.descendants(dag, exp) if n.op == "call_function" and n.target in REGION_OPS

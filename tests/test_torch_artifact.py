@@ -93,6 +93,45 @@ def test_plain_module_saves_its_forward(tmp_path):
         assert torch.allclose(loaded(x), module(x), atol=1e-6)
 
 
+def test_a_program_loads_as_torch_export_loads_it(saved):
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from ssmcc.lowering.torch.program_load import load_program
+
+    path = os.path.join(saved[2], "chunk.pt2")
+    before = ShapeEnv.__dict__["_get_sloc"]
+    ours, theirs = load_program(path), torch.export.load(path)
+    assert ShapeEnv.__dict__["_get_sloc"] is before  # put back after reading
+    assert ours.graph_module.code == theirs.graph_module.code
+    assert {str(s): (r.lower, r.upper) for s, r in ours.range_constraints.items()} == {
+        str(s): (r.lower, r.upper) for s, r in theirs.range_constraints.items()
+    }
+    assert [str(spec) for spec in ours.graph_signature.input_specs] == [
+        str(spec) for spec in theirs.graph_signature.input_specs
+    ]
+
+
+def test_loading_an_artifact_imports_no_tracing_stack(saved):
+    """ssmcc.load of a torch artifact in a fresh process: the programs run, and neither torch's
+    tracer (which load_program keeps the deserializer from importing) nor the pattern passes'
+    networkx is imported."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, torch, ssmcc\n"
+        f"model = ssmcc.load({saved[2]!r})\n"
+        "model.generate(torch.tensor([[1, 2, 3]]), 2)\n"
+        "print(sorted(m for m in ('networkx', 'torch.export._trace', 'torch._inductor.codecache')"
+        " if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_unreadable_program_is_named(saved, tmp_path):
     import shutil
 

@@ -21,6 +21,7 @@ from ssmcc.frontend.report import ssmcc_op_counts
 from ssmcc.lowering.artifact_checks import check_state_inputs
 from ssmcc.lowering.torch.archive_check import check_archive
 from ssmcc.lowering.torch.lower import TORCH_TABLE, lower_to_torch
+from ssmcc.lowering.torch.program_load import load_program
 from ssmcc.lowering.torch.weights import (
     bind_weights,
     read_weights,
@@ -141,7 +142,7 @@ def load(folder: str, manifest: dict, options) -> TorchExecutable:
         path = os.path.join(folder, entry["file"])
         check_archive(path)
         try:
-            program = torch.export.load(path)
+            program = load_program(path)
         except Exception as error:  # torch's own exception types
             text = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise ArtifactError(

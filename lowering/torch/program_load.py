@@ -1,0 +1,52 @@
+"""``load_program``: ``torch.export.load`` of one saved ssmcc program, without the tracer's imports.
+
+Reading a program with dynamic dims makes torch's deserializer constrain each symbol's range in a
+``ShapeEnv``, and the ``ShapeEnv`` records where in user code each range came from
+(``_get_sloc``), for the messages of guards that tracing might later raise. Finding that frame
+calls ``uninteresting_files()``, which imports torch's whole tracing stack (``torch.export._trace``,
+AOTAutograd's partitioner, inductor's code cache, networkx): about 30 MB of resident memory and
+half a second, once per process, for a location nobody reads. A loaded ssmcc program is run, never
+traced again, so no guard is raised on it. While ``load_program`` reads, the location of a range is
+the archive's path instead.
+
+If the installed torch has no ``ShapeEnv._get_sloc`` (it is private), the program is read the
+ordinary way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+from torch.export import ExportedProgram
+
+_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _source_locations_named(path: str):
+    from torch.fx.experimental import symbolic_shapes
+
+    shape_env = symbolic_shapes.ShapeEnv
+    original = shape_env.__dict__.get("_get_sloc")
+    sloc = getattr(symbolic_shapes, "SLoc", None)
+    if original is None or sloc is None:
+        yield
+        return
+
+    def archive_location(self, framework_loc=None):
+        return sloc(framework_loc or path, None)
+
+    with _LOCK:
+        shape_env._get_sloc = archive_location
+        try:
+            yield
+        finally:
+            shape_env._get_sloc = original
+
+
+def load_program(path: str) -> ExportedProgram:
+    """``torch.export.load(path)``; ranges' source locations name ``path`` (see the module doc)."""
+    with _source_locations_named(path):
+        return torch.export.load(path)
