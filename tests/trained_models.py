@@ -6,9 +6,11 @@ quantisation looks better (or worse) on them than it is on a model that has lear
 ``trained_mamba()`` trains a tiny ``transformers.MambaForCausalLM`` (hidden 64, 2 layers, state
 16; about 80 K parameters) for 200 AdamW steps on batches of 12 random 128-byte windows of a
 small text, so that such tests see weights shaped by training: the training loss falls from
-5.5 to about 0.8 nats/byte, about 2.2 on held-out bytes. Training takes 30 to 50 seconds on two
-busy CPU cores; pass a ``cache_dir`` (the ``trained_mamba_model`` fixture passes pytest's
-cache) to train once and load the weights afterwards.
+5.5 to about 0.8 nats/byte, about 2.2 on held-out bytes. Training runs on one thread (the other
+core runs the other test worker; two threads on a shared core spend their time in each other's
+way: 20 steps took 10.6 s on two threads and 7.7 s on one beside a busy process, AMD EPYC): about
+50 seconds idle, 80 beside a busy worker. Pass a ``cache_dir`` (the ``trained_mamba_model``
+fixture passes pytest's cache) to train once and load the weights afterwards.
 
 Tokens are bytes: vocab 256, token id = byte value, no tokenizer.
 
@@ -70,7 +72,7 @@ class TrainingSettings:
     warmup_steps: int = 20
     final_lr_fraction: float = 0.1
     weight_decay: float = 0.01
-    threads: int = 2
+    threads: int = 1
     loss_average_steps: int = 20  # the reported final loss averages this many last steps
 
 
