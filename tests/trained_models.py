@@ -9,8 +9,9 @@ small text, so that such tests see weights shaped by training: the training loss
 5.5 to about 0.8 nats/byte, about 2.2 on held-out bytes. Training runs on one thread (the other
 core runs the other test worker; two threads on a shared core spend their time in each other's
 way: 20 steps took 10.6 s on two threads and 7.7 s on one beside a busy process, AMD EPYC): about
-50 seconds idle, 80 beside a busy worker. Pass a ``cache_dir`` (the ``trained_mamba_model``
-fixture passes pytest's cache) to train once and load the weights afterwards.
+50 seconds idle, about 77 beside a busy worker (from the 20 steps). Pass a ``cache_dir`` (the
+``trained_mamba_model`` fixture passes pytest's cache) to train once and load the weights
+afterwards.
 
 Tokens are bytes: vocab 256, token id = byte value, no tokenizer.
 
