@@ -2,7 +2,8 @@
 
 Two shared libraries from one set of kernel headers (``ssm_kernels.h``, ``ssd_kernels.h``):
 
-- ``libssmcc_kernels.so`` (``torch_entry.cpp``): C entry points the torch target calls via ctypes;
+- ``libssmcc_kernels.so`` (``torch_entry.cpp``, ``replay.cpp``): C entry points the torch target
+  calls via ctypes, and the replay of a recorded sequence of them;
 - ``libssmcc_ort.so`` (``ort_ops.cpp``, ``ort_ssd_ops.cpp``, ``ort_mixer_ops.cpp``,
   ``ort_mamba_mixer_ops.cpp``, ``ort_quantized_ops.cpp``, ``ort_linear_ops.cpp``): the ONNX
   Runtime custom-op library of the ``ssmcc`` domain;
@@ -63,6 +64,7 @@ KERNEL_HEADERS = [
     "tuning.h",
     "contracts.h",
     "ort_common.h",
+    "torch_entry.h",
 ]
 HEADER = "onnxruntime_cxx_api.h"
 
@@ -177,7 +179,7 @@ def _build(name: str, sources: list[str], flags: list[str], extra_key: str = "")
 @functools.cache
 def build_torch_kernels() -> str | None:
     """Path of ``libssmcc_kernels.so``, or None when it cannot be built here."""
-    return _build("ssmcc_kernels", ["torch_entry.cpp"], ["-fopenmp"])
+    return _build("ssmcc_kernels", ["torch_entry.cpp", "replay.cpp"], ["-fopenmp"])
 
 
 @functools.cache

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 
 import torch
 from torch import Tensor
@@ -32,6 +33,12 @@ _SIGNATURES = {
     "ssmcc_dequantize": [_P, _I32, _P, _P] + [_I64] * 3 + [_I32],
     "ssmcc_mamba_mixer_f32": [_P] * 13 + [_I64] * 9 + [_I32] * 3 + [_F32, _I32],
     "ssmcc_mamba_mixer_step_f32": [_P] * 13 + [_I64] * 8 + [_I32] * 3 + [_F32, _I32],
+    "ssmcc_add_f32": [_P] * 3 + [_I64],
+}
+# What each parameter of an entry is: "p" a pointer, "i" an integer, "f" a float32.
+KINDS = {
+    name: "".join("p" if t is _P else "f" if t is _F32 else "i" for t in argtypes)
+    for name, argtypes in _SIGNATURES.items()
 }
 
 
@@ -46,14 +53,41 @@ def library() -> ctypes.CDLL | None:
         getattr(lib, name).restype = ctypes.c_int
     lib.ssmcc_last_error.argtypes = []
     lib.ssmcc_last_error.restype = ctypes.c_char_p
+    lib.ssmcc_replay_entry.argtypes = [ctypes.c_char_p, ctypes.POINTER(_I32)]
+    lib.ssmcc_replay_entry.restype = ctypes.c_int32
+    lib.ssmcc_replay.argtypes = [_P, _I64, _P]
+    lib.ssmcc_replay.restype = ctypes.c_int
     return lib
 
 
+class _Recording(threading.local):
+    calls: list | None = None
+
+
+_recording = _Recording()
+
+
 def call_kernel(name: str, *args) -> None:
-    """Call the C entry point ``name``; its contract violation raises ``RuntimeError``."""
+    """Call the C entry point ``name``; its contract violation raises ``RuntimeError``. Inside
+    ``recording_calls()`` the call (name and arguments) is also appended to the recording."""
     lib = library()
     if getattr(lib, name)(*args) != 0:
         raise RuntimeError(lib.ssmcc_last_error().decode(errors="replace"))
+    if _recording.calls is not None:
+        _recording.calls.append((name, args))
+
+
+class recording_calls:
+    """``with recording_calls() as calls:`` collects this thread's ``call_kernel`` calls."""
+
+    def __enter__(self) -> list:
+        if _recording.calls is not None:
+            raise RuntimeError("recording_calls() does not nest")
+        _recording.calls = []
+        return _recording.calls
+
+    def __exit__(self, *exc) -> None:
+        _recording.calls = None
 
 
 def available() -> bool:

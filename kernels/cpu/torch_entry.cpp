@@ -17,8 +17,7 @@
 #include "ssd_kernels.h"
 #include "ssd_mixer.h"
 #include "ssm_kernels.h"
-
-#define SSMCC_EXPORT extern "C" __attribute__((visibility("default")))
+#include "torch_entry.h"
 
 namespace {
 using ssmcc::tuning::kParallelWork;
@@ -286,6 +285,15 @@ SSMCC_EXPORT int ssmcc_rmsnorm_gated_f32(const float* x, const float* z, const f
     ssmcc::NormArgs args{x, z, weight, out, rows, dim, group_size, eps, norm_before_gate != 0};
     parallel_rows(rows, dim, threads,
                   [&](int64_t b, int64_t e) { ssmcc::rmsnorm_gated_rows(args, b, e); });
+  });
+}
+
+// out = a + b, elementwise over n floats: the residual add of a replayed step (replay.cpp).
+SSMCC_EXPORT int ssmcc_add_f32(const float* a, const float* b, float* out, int64_t n) {
+  const auto contract = ssmcc::check_nonnegative("add", "n", n);
+  return guarded(contract, [&] {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
   });
 }
 

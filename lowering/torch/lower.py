@@ -27,6 +27,7 @@ from torch.export import ExportedProgram
 from ssmcc.lowering.table import Emitter
 from ssmcc.lowering.torch.freeze import flatten_weight_attributes, fold_weight_expressions
 from ssmcc.lowering.torch.linear import route_linears
+from ssmcc.lowering.torch.skip_weights import bind_per_channel_skips
 from ssmcc.ops import SSMCC_REFERENCES, is_ssmcc_op
 
 # Ops whose PyTorch implementation is already what a kernel would do (ATen matmuls and a
@@ -69,6 +70,8 @@ def lower_to_torch(program: ExportedProgram, kernels: str = "auto") -> nn.Module
         if emitter is not None:
             node.target = emitter.emit(node, kernels)
     fold_weight_expressions(module)
+    if kernels == "auto":
+        bind_per_channel_skips(module)
     flatten_weight_attributes(module)
     if kernels == "auto":
         route_linears(module)

@@ -18,10 +18,12 @@ import torch
 
 from ssmcc.errors import ArtifactError, PassError
 from ssmcc.frontend.report import ssmcc_op_counts
+from ssmcc.kernels.cpu import native
 from ssmcc.lowering.artifact_checks import check_state_inputs
 from ssmcc.lowering.torch.archive_check import check_archive
 from ssmcc.lowering.torch.lower import TORCH_TABLE, lower_to_torch
 from ssmcc.lowering.torch.program_load import load_program
+from ssmcc.lowering.torch.replay import StepReplay
 from ssmcc.lowering.torch.weights import (
     bind_weights,
     read_weights,
@@ -44,6 +46,7 @@ class TorchExecutable:
         self.kernels = kernels
         self.specs: list[StateSpec] = programs.specs
         self._modules: dict[str, torch.nn.Module] = {}
+        self._replay: StepReplay | None = None
 
     @property
     def graphs(self) -> tuple[str, ...]:
@@ -59,8 +62,16 @@ class TorchExecutable:
             self._modules[graph] = module
         return self._modules[graph]
 
+    def step_replay(self) -> StepReplay | None:
+        """The step's kernel calls replayed in one C call (``replay.py``): with the C++ kernels
+        only (with the references every node is Python)."""
+        if self._replay is None and self.kernels == "auto" and native.available():
+            self._replay = StepReplay(self.module("step"))
+        return self._replay
+
     def run(self, graph: str, *inputs) -> list[torch.Tensor]:
-        outputs = self.module(graph)(*inputs)
+        replay = self.step_replay() if graph == "step" else None
+        outputs = (replay or self.module(graph))(*inputs)
         return list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
 
 
