@@ -111,29 +111,43 @@ def _rename_dims(model: onnx.ModelProto, names: dict[str, str]) -> None:
                 dim.dim_param = symbol.sub(lambda m: names[m.group(1)], dim.dim_param)
 
 
-def _keep_weight_transposes(node) -> bool | None:
-    """onnxscript's folding rule: never fold a ``Transpose`` of a weight (an initializer of
-    ``WEIGHT_BYTES`` or more); None leaves every other node to its default rules.
+# Elementwise ops of one weight folded whatever their size (onnxscript folds only inputs of up to
+# 8,192 elements): ``A = -exp(A_log)`` of every Mamba layer, otherwise recomputed on every call,
+# 24 Exp + 24 Neg over 24,576 floats each per decoded token for mamba-130m. The result replaces
+# the weight, so the artifact holds as much as before.
+_FOLD_ELEMENTWISE = ("Exp", "Neg")
+_FOLD_ELEMENTWISE_BYTES = 4 << 20
 
-    Folded, each linear layer's weight (n, k) becomes a new (k, n) array: a second copy of the
-    weights in memory while compiling, and a layout that ``weights_in_place`` would transpose
+
+def _fold_rules(node) -> bool | None:
+    """onnxscript's folding rules: never fold a ``Transpose`` of a weight (an initializer of
+    ``WEIGHT_BYTES`` or more); always fold ``_FOLD_ELEMENTWISE`` of one constant of up to
+    ``_FOLD_ELEMENTWISE_BYTES``; None leaves every other node to the default rules.
+
+    Folded, each linear layer's weight (n, k) would become a new (k, n) array: a second copy of
+    the weights in memory while compiling, and a layout that ``weights_in_place`` would transpose
     back. Kept, the product reads the model's own tensor, which is written to ``weights.bin``
     as it is."""
-    if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+    if node.domain not in ("", "ai.onnx") or not node.inputs:
         return None
     source = node.inputs[0]
     tensor = source.const_value if source is not None else None
-    if tensor is not None and tensor.nbytes >= WEIGHT_BYTES:
+    if tensor is None:
+        return None
+    if node.op_type == "Transpose" and tensor.nbytes >= WEIGHT_BYTES:
         return False
+    if node.op_type in _FOLD_ELEMENTWISE and tensor.nbytes <= _FOLD_ELEMENTWISE_BYTES:
+        return True
     return None
 
 
 def _optimize(model) -> None:
     """torch.onnx's ``optimize=True`` (onnxscript's constant folding and rewrites, in place on
-    the ONNX IR) with the weights' transposes kept (``_keep_weight_transposes``)."""
+    the ONNX IR) with the weights' transposes kept and ``A = -exp(A_log)`` folded
+    (``_fold_rules``)."""
     from onnxscript.optimizer import optimize_ir
 
-    optimize_ir(model, should_fold=_keep_weight_transposes)
+    optimize_ir(model, should_fold=_fold_rules)
 
 
 def _strip_node_metadata(model: onnx.ModelProto) -> None:

@@ -7,7 +7,7 @@ once more (mamba-130m, 490 MB of weights: 1.2 GB resident for a generation). Thi
 ONNX Runtime nothing to transform. A product of x with a float32 weight::
 
     MatMul(x, Transpose(W))    W a 2-D initializer (n, k), as PyTorch stores it (export keeps
-                               weights' transposes: ``export._keep_weight_transposes``), or
+                               weights' transposes: ``export._fold_rules``), or
                                W widened per call from small weights (``quantized``):
                                ssmcc.Widen(weight, scale) of 16-bit ones, DequantizeLinear of
                                int8 ones (per group between two Reshapes)
