@@ -5,8 +5,8 @@ whose parts are the ops fuzzed 1,100 times each (their own code is the compositi
 strides, the projections between the parts). CI runs both. The seeds are fixed, so every CI run
 repeats the same cases: the former 2,000 (500) per op passed in every CI run since they came and
 cost ~280 s more of CI's two workers; ``SSMCC_FUZZ_CASES=N`` runs N slow cases per op (a quarter
-of that for the mixers) from where the default cases end, for a deeper search by hand. A failure the fuzzer found is kept in
-``FOUND`` as a regular test.
+of that for the mixers) from where the default cases end, for a deeper search by hand. A failure
+the fuzzer found is kept in ``FOUND`` as a regular test.
 """
 
 from __future__ import annotations

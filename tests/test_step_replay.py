@@ -46,13 +46,13 @@ def _steps(run, states, tokens):
     "preset,quantize,batch",
     [
         ("mamba-tiny", "none", 1),
-        ("mamba-tiny", "none", 3),
         ("mamba-tiny", "int8", 2),
-        ("mamba-tiny", "bf16", 1),
-        ("falcon-mamba-tiny", "none", 2),
-        ("mamba2-tiny", "none", 1),
         ("mamba2-tiny", "fp16", 3),
-        ("mamba2-tiny", "int8-g32", 1),
+        pytest.param("mamba-tiny", "none", 3, marks=pytest.mark.slow),
+        pytest.param("mamba-tiny", "bf16", 1, marks=pytest.mark.slow),
+        pytest.param("falcon-mamba-tiny", "none", 2, marks=pytest.mark.slow),
+        pytest.param("mamba2-tiny", "none", 1, marks=pytest.mark.slow),
+        pytest.param("mamba2-tiny", "int8-g32", 1, marks=pytest.mark.slow),
     ],
 )
 def test_replayed_steps_equal_the_module_bitwise(preset, quantize, batch):

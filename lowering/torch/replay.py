@@ -97,7 +97,9 @@ class _Recorder(fx.Interpreter):
         self.constant_held: set[int] = set()
         self.placeholders: list[fx.Node] = []
         self.prologue: list[fx.Node] = []
-        self.kept: dict[fx.Node, object] = {}  # values of placeholders, constants, prologue
+        # values of placeholders, constants and prologue nodes, kept alive while recording so
+        # that no later result takes their addresses (the interpreter drops values after use)
+        self.kept: dict[fx.Node, object] = {}
         self.calls: list[tuple[str, list]] = []  # entry name, args with resolved pointers
         self.refusal: str | None = None
         self.layout_only = True  # every refusal so far is about this layout only
@@ -178,13 +180,11 @@ class _Recorder(fx.Interpreter):
         if node.target is operator.getitem:
             return True
         results = _tensors(value)
-        storages = {t.untyped_storage().data_ptr() for t in _tensors((node.args, node.kwargs))}
-        if isinstance(node.args, tuple):
-            storages |= {
-                t.untyped_storage().data_ptr()
-                for arg in node.all_input_nodes
-                for t in _tensors(self.env.get(arg))
-            }
+        storages = {
+            t.untyped_storage().data_ptr()
+            for arg in node.all_input_nodes
+            for t in _tensors(self.env[arg])
+        }
         return bool(results) and all(t.untyped_storage().data_ptr() in storages for t in results)
 
     def _resolve(self, name: str, args) -> list:

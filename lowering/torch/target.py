@@ -2,7 +2,9 @@
 
 Lowering is lazy per program: ``forward`` is lowered when first called, and the stateful programs
 (prefill, chunk, step) are derived and lowered on the first streaming call, so a model that is
-only called never pays for them.
+only called never pays for them. With the C++ kernels, ``run("step", ...)`` goes through the step
+replay (``replay.py``): the step's kernel calls recorded once per input layout, then run in one C
+call per token.
 
 Artifact: ``weights.safetensors`` (every weight once, memory-mapped on load and shared by all
 programs), one ``<graph>.pt2`` per program with its weights stripped (``torch.export.save`` of the
