@@ -10,9 +10,13 @@ import threading
 
 import pytest
 import torch
+from torch import fx
 
 import ssmcc
 from ssmcc.kernels.cpu import native
+from ssmcc.kernels.cpu.linear_binding import GEMV_MAX_ROWS
+from ssmcc.lowering.torch.linear import linear_cpu
+from ssmcc.lowering.torch.replay import StepReplay
 from ssmcc.presets import build_preset
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C++ compiler here")
@@ -116,6 +120,51 @@ def test_a_layout_with_a_temporary_copy_runs_through_the_module():
     assert sum(not isinstance(plan, str) for plan in replay._plans.values()) == 1
 
 
+def test_a_batch_past_the_matrix_vector_kernel_does_not_stop_the_replay():
+    """Above GEMV_MAX_ROWS rows a linear runs on oneDNN, in Python between kernels: that layout
+    runs through the module, and smaller batches are still replayed."""
+    compiled, executable, module = _compiled("mamba-tiny", "int8")
+    for batch in (GEMV_MAX_ROWS + 1, 1):
+        states = _start(compiled, batch)
+        token = torch.ones(batch, 1, dtype=torch.long)
+        got = executable.run("step", token, *states)
+        expected = list(module(token, *states))
+        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    replay = executable.step_replay()
+    assert not replay.disabled
+    assert [isinstance(plan, str) for plan in replay._plans.values()] == [True, False]
+
+
+def test_an_in_place_op_between_kernels_is_not_taken_for_a_view():
+    """``y.add_(1)`` returns y's storage but writes it: the replay must not skip it."""
+    graph = fx.Graph()
+    x, weight = graph.placeholder("x"), graph.placeholder("weight")
+    y = graph.call_function(linear_cpu, (x, weight))
+    bumped = graph.call_function(torch.ops.aten.add_.Tensor, (y, 1.0))
+    graph.output((graph.call_function(linear_cpu, (bumped, weight)),))
+    replay = StepReplay(fx.GraphModule(torch.nn.Module(), graph))
+    x, weight = torch.randn(1, 1, 6), torch.randn(6, 6)
+    expected = linear_cpu(linear_cpu(x, weight) + 1.0, weight)
+    for _ in range(2):
+        (got,) = replay(x, weight)
+        assert torch.equal(got, expected)
+    assert replay.disabled and "add_" in replay.refusal
+
+
+def test_the_replayed_add_keeps_denormals_as_aten_does():
+    lib = native.library()
+    arity = ctypes.c_int32()
+    entry = lib.ssmcc_replay_entry(b"ssmcc_add_f32", ctypes.byref(arity))
+    tiny = torch.finfo(torch.float32).tiny
+    a = torch.tensor([tiny / 4, -tiny / 8, 1.0, tiny / 2])
+    b = torch.tensor([tiny / 8, tiny / 16, 2.0, -tiny / 4])
+    out = torch.empty(4)
+    words = torch.tensor([entry, 4, 0, a.data_ptr(), b.data_ptr(), out.data_ptr(), 4])
+    slots = (ctypes.c_int64 * 1)(0)
+    assert lib.ssmcc_replay(words.data_ptr(), words.numel(), slots, 1) == 0
+    assert torch.equal(out, a + b) and (out[[0, 1, 3]] != 0).all()
+
+
 def test_a_hybrid_step_runs_through_the_module_and_is_not_recorded_again():
     """Jamba's step reads its growing attention cache's length: a node that runs in Python
     between kernels, so the replay stops for good (its cache's layout changes every step)."""
@@ -164,8 +213,8 @@ def test_malformed_code_and_unknown_entries_are_refused_by_the_library():
         [entry, 4, 1, 0, 0, 0, 0],
     ):
         words = torch.tensor(code, dtype=torch.int64)
-        assert lib.ssmcc_replay(words.data_ptr(), words.numel(), slots) == -1
+        assert lib.ssmcc_replay(words.data_ptr(), words.numel(), slots, 1) == -1
     a, b, out = torch.randn(5), torch.randn(5), torch.empty(5)
     words = torch.tensor([entry, 4, 0, a.data_ptr(), b.data_ptr(), out.data_ptr(), 5])
-    assert lib.ssmcc_replay(words.data_ptr(), words.numel(), slots) == 0
+    assert lib.ssmcc_replay(words.data_ptr(), words.numel(), slots, 1) == 0
     assert torch.equal(out, a + b)

@@ -55,7 +55,7 @@ def library() -> ctypes.CDLL | None:
     lib.ssmcc_last_error.restype = ctypes.c_char_p
     lib.ssmcc_replay_entry.argtypes = [ctypes.c_char_p, ctypes.POINTER(_I32)]
     lib.ssmcc_replay_entry.restype = ctypes.c_int32
-    lib.ssmcc_replay.argtypes = [_P, _I64, _P]
+    lib.ssmcc_replay.argtypes = [_P, _I64, _P, _I64]
     lib.ssmcc_replay.restype = ctypes.c_int
     return lib
 

@@ -94,9 +94,11 @@ SSMCC_EXPORT int32_t ssmcc_replay_entry(const char* name, int32_t* arity) {
   return -1;
 }
 
-// Runs ``code`` (``length`` words) with ``slots``: 0, an entry's 1 (its reason in
-// ssmcc_last_error(), the instructions after it not run), or -1 for malformed code.
-SSMCC_EXPORT int ssmcc_replay(const int64_t* code, int64_t length, const int64_t* slots) {
+// Runs ``code`` (``length`` words) with ``slots`` (``slot_count`` addresses): 0, an entry's 1
+// (its reason in ssmcc_last_error(), the instructions after it not run), or -1 for malformed
+// code (checked as it runs: instructions before the malformed one have run).
+SSMCC_EXPORT int ssmcc_replay(const int64_t* code, int64_t length, const int64_t* slots,
+                              int64_t slot_count) {
   Arg args[kMaxArgs];
   int64_t at = 0;
   while (at < length) {
@@ -109,9 +111,9 @@ SSMCC_EXPORT int ssmcc_replay(const int64_t* code, int64_t length, const int64_t
     for (int64_t i = 0; i < nargs; ++i) args[i].bits = code[at + i];
     at += nargs;
     for (int64_t r = 0; r < nrelocs; ++r, at += 3) {
-      const int64_t arg = code[at];
-      if (arg < 0 || arg >= nargs) return -1;
-      args[arg].bits = slots[code[at + 1]] + code[at + 2];
+      const int64_t arg = code[at], slot = code[at + 1];
+      if (arg < 0 || arg >= nargs || slot < 0 || slot >= slot_count) return -1;
+      args[arg].bits = slots[slot] + code[at + 2];
     }
     const int status = kEntries[entry].run(args);
     if (status != 0) return status;

@@ -288,13 +288,16 @@ SSMCC_EXPORT int ssmcc_rmsnorm_gated_f32(const float* x, const float* z, const f
   });
 }
 
-// out = a + b, elementwise over n floats: the residual add of a replayed step (replay.cpp).
+// out = a + b, elementwise over n floats: the residual add of a replayed step (replay.cpp), bitwise
+// ATen's float add, so with denormals kept (the other entries flush them).
 SSMCC_EXPORT int ssmcc_add_f32(const float* a, const float* b, float* out, int64_t n) {
-  const auto contract = ssmcc::check_nonnegative("add", "n", n);
-  return guarded(contract, [&] {
+  if (n < 0) {
+    last_error = ssmcc::check_nonnegative("add", "n", n);
+    return 1;
+  }
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
-  });
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  return 0;
 }
 
 SSMCC_EXPORT int ssmcc_linear_f32(const float* x, const float* weight, const float* bias, float* y,

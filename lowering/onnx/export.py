@@ -113,8 +113,8 @@ def _rename_dims(model: onnx.ModelProto, names: dict[str, str]) -> None:
 
 # Elementwise ops of one weight folded whatever their size (onnxscript folds only inputs of up to
 # 8,192 elements): ``A = -exp(A_log)`` of every Mamba layer, otherwise recomputed on every call,
-# 24 Exp + 24 Neg over 24,576 floats each per decoded token for mamba-130m. The result replaces
-# the weight, so the artifact holds as much as before.
+# 24 Exp + 24 Neg over 24,576 floats each per decoded token for mamba-130m. Where the Exp is the
+# weight's only reader (A_log in every Mamba layer) the result replaces it in the artifact.
 _FOLD_ELEMENTWISE = ("Exp", "Neg")
 _FOLD_ELEMENTWISE_BYTES = 4 << 20
 

@@ -64,12 +64,17 @@ def _tensors(value) -> list[torch.Tensor]:
 
 
 def _float_bits(value: float) -> int:
-    return struct.unpack("<I", struct.pack("<f", value))[0]
+    """The 32 bits ctypes would pass for ``value`` (above FLT_MAX: infinity)."""
+    return struct.unpack("<I", bytes(ctypes.c_float(value)))[0]
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return tuple(t.shape), t.stride(), t.dtype
 
 
 def layout_key(inputs) -> tuple:
     return (
-        tuple((tuple(t.shape), t.stride(), t.dtype) for t in inputs),
+        tuple(_layout(t) for t in inputs),
         torch.get_num_threads(),
     )
 
@@ -172,13 +177,23 @@ class _Recorder(fx.Interpreter):
         elif all(arg in self.kept for arg in node.all_input_nodes):
             self._prologue_node(node, value)
         else:
-            raise Refused("runs in Python between kernels")
+            # an ssmcc kernel wrapper that called no kernel took its many-rows path (a linear
+            # of more than GEMV_MAX_ROWS rows goes to oneDNN): other layouts may replay
+            raise Refused(
+                "runs in Python between kernels",
+                layout=not isinstance(node.target, torch._ops.OpOverload),
+            )
         return value
 
     def _is_alias(self, node: fx.Node, value) -> bool:
-        """A ``getitem``, or a result that is a view of one of the node's tensor inputs."""
+        """A ``getitem`` of a tuple or list, or an ATen view op whose results view the node's
+        tensor inputs (an in-place op or an ``out=`` variant also returns its input's storage,
+        but writes it: not an alias)."""
         if node.target is operator.getitem:
-            return True
+            source = node.args[0]
+            return isinstance(source, fx.Node) and isinstance(self.env[source], (tuple, list))
+        if not (isinstance(node.target, torch._ops.OpOverload) and node.target.is_view):
+            return False
         results = _tensors(value)
         storages = {
             t.untyped_storage().data_ptr()
@@ -221,7 +236,8 @@ class _Recorder(fx.Interpreter):
             start = t.untyped_storage().data_ptr()
             end = start + t.untyped_storage().nbytes()
             if not any(a and start <= a < end for a in pointers):
-                raise Refused("returns memory its kernels did not write (a converted copy)")
+                # a converted copy, or a many-rows path (dequantised weights through oneDNN)
+                raise Refused("returns memory its kernels did not write", layout=True)
         for name, args in calls:
             self.calls.append((name, self._resolve(name, args)))
 
@@ -244,6 +260,8 @@ class _Recorder(fx.Interpreter):
     def _prologue_node(self, node: fx.Node, value) -> None:
         if not isinstance(value, torch.Tensor):
             raise Refused("a node before the kernels must return one tensor")
+        if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
+            raise Refused("writes to its input")
         self.kept[node] = value
         self._add_slot(value, node)
         self.prologue.append(node)
@@ -280,7 +298,10 @@ class _Plan:
         self.fresh_bytes = sizes
         self.placeholders = recorder.placeholders
         self.slot_nodes = recorder.slot_nodes
-        self.prologue = [(node, node.target, node.args, node.kwargs) for node in recorder.prologue]
+        self.prologue = [
+            (node, node.target, node.args, node.kwargs, _layout(recorder.kept[node]))
+            for node in recorder.prologue
+        ]
         self.constants = {
             arg: recorder.kept[arg]
             for node in recorder.prologue
@@ -318,9 +339,11 @@ class _Plan:
     def run(self, inputs) -> object:
         values = dict(self.constants)
         values.update(zip(self.placeholders, inputs, strict=True))
-        for node, target, args, kwargs in self.prologue:
+        for node, target, args, kwargs, layout in self.prologue:
             args, kwargs = fx.map_arg((args, kwargs), values.__getitem__)
             values[node] = target(*args, **kwargs)
+            if _layout(values[node]) != layout:  # a value-dependent shape: not this plan's
+                return None
         # one allocation per result storage, as the module makes them: a single buffer for all
         # (37 MB for mamba2-130m's states at batch 2) is above glibc's reuse limit, and a fresh
         # mapping of it page-faults every step
@@ -329,7 +352,10 @@ class _Plan:
         slots += [buffer.data_ptr() for buffer in fresh]
         lib = native.library()
         status = lib.ssmcc_replay(
-            self.code.data_ptr(), self.code.numel(), (ctypes.c_int64 * len(slots))(*slots)
+            self.code.data_ptr(),
+            self.code.numel(),
+            (ctypes.c_int64 * len(slots))(*slots),
+            len(slots),
         )
         if status != 0:
             raise RuntimeError(
@@ -357,6 +383,8 @@ class StepReplay:
         self.module = module
         self.refusal: str | None = None
         self.disabled = False
+        self._recorded = False  # some layout was recorded
+        self._refused_layouts = 0
         self._plans: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
 
@@ -373,7 +401,8 @@ class StepReplay:
                     self._plans.popitem(last=False)
                 return outputs
             self._plans.move_to_end(key)
-            return self.module(*inputs) if isinstance(plan, str) else plan.run(inputs)
+            outputs = None if isinstance(plan, str) else plan.run(inputs)
+            return self.module(*inputs) if outputs is None else outputs
         finally:
             self._lock.release()
 
@@ -386,9 +415,16 @@ class StepReplay:
             refusal, layout_only = "the step calls no kernel", False
         if refusal is None:
             try:
-                return _Plan(recorder, outputs), outputs
+                plan = _Plan(recorder, outputs)
+                self._recorded = True
+                return plan, outputs
             except Refused as refused:
                 refusal, layout_only = f"its results: {refused}", refused.layout
         self.refusal = refusal
-        self.disabled = not layout_only
+        self._refused_layouts += 1
+        # a structural refusal, or a program that refused every layout it met so far (a
+        # cache that grows every step is a new layout every step)
+        self.disabled = not layout_only or (
+            self._refused_layouts >= MAX_LAYOUTS and not self._recorded
+        )
         return refusal, outputs

@@ -15,6 +15,7 @@ full-sequence call runs prefill from zero states); a plain module stores forward
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 
@@ -49,6 +50,7 @@ class TorchExecutable:
         self.specs: list[StateSpec] = programs.specs
         self._modules: dict[str, torch.nn.Module] = {}
         self._replay: StepReplay | None = None
+        self._replay_lock = threading.Lock()
 
     @property
     def graphs(self) -> tuple[str, ...]:
@@ -68,7 +70,9 @@ class TorchExecutable:
         """The step's kernel calls replayed in one C call (``replay.py``): with the C++ kernels
         only (with the references every node is Python)."""
         if self._replay is None and self.kernels == "auto" and native.available():
-            self._replay = StepReplay(self.module("step"))
+            with self._replay_lock:  # threads decoding at once share one
+                if self._replay is None:
+                    self._replay = StepReplay(self.module("step"))
         return self._replay
 
     def run(self, graph: str, *inputs) -> list[torch.Tensor]:
