@@ -11,23 +11,26 @@ records every ``call_kernel`` of each node. Each node is one of:
 
 - a kernel node: its calls become instructions (entry, arguments, relocations);
 - ``aten.add.Tensor`` of two contiguous float32 tensors of one shape: ``ssmcc_add_f32``;
-- an alias (``getitem``, or a result that shares storage with an input: select, unsqueeze, view):
-  nothing runs, the kernels reach its memory through their pointers;
+- an alias (``getitem`` of a tuple, or an ATen view op such as select, unsqueeze, view): nothing
+  runs, the kernels reach its memory through their pointers;
 - a prologue node: any other node whose inputs are only the step's inputs, constants and other
   prologue nodes (the token embedding): it runs in Python before the kernels, every call;
 - the program's input-shape guard, which the layout key stands for.
 
-Anything else (an attention node between kernels, a kernel wrapper that passes a temporary copy)
-refuses the layout: it keeps running through the fx module, and ``refusal`` says which node.
+Anything else refuses, and ``refusal`` says which node: a kernel wrapper that passes a temporary
+copy (a strided input) or takes its many-rows path refuses that layout only, which keeps running
+through the fx module; a node that must run in Python between kernels (a hybrid's attention)
+stops the replay for good, as do ``MAX_LAYOUTS`` refused layouts without one recorded.
 
-Memory. Every pointer a call receives is resolved when the call is made, against the memory known
-then: a step input or prologue result (a slot, filled per call with that call's tensor; offsets
-are kept), memory an earlier node produced (constants and intermediates, held by the replay for
-its lifetime: all intermediates of one step, ~1 MB for mamba-130m at batch 1; fixed addresses),
-or else the calling node's own result. Storage that holds a result of the step is not fixed: each
-replay allocates it fresh (one allocation per storage, as the module does), so returned states
-never alias a later step's. Results are bitwise those of the fx module: the same kernels with the
-same arguments in the same order.
+Memory. Every pointer a call receives is resolved when its node returns, against the memory known
+then (all of it kept alive for the whole recording, so no address is reused): a step input or
+prologue result (a slot, filled per call with that call's tensor; offsets are kept), memory an
+earlier node produced (constants and intermediates, held by the replay for its lifetime: all
+intermediates of one step, ~1 MB for mamba-130m at batch 1; fixed addresses), or else the calling
+node's own result. Storage that holds a result of the step is not fixed: each replay allocates it
+fresh (one allocation per storage, as the module does), so returned states never alias a later
+step's. Results are bitwise those of the fx module: the same kernels with the same arguments in the
+same order.
 
 One thread replays at a time per layout set; a call that finds the replay busy (another thread
 decoding with the same model) runs the fx module instead.

@@ -15,6 +15,7 @@ import torch
 from torch import fx
 
 from ssmcc.kernels.cpu.mixer_binding import _ssd_mixer, _ssd_mixer_step
+from ssmcc.lowering.torch.freeze import _fetch
 from ssmcc.ops.ssd_mixer import mixer_sizes
 
 _MIXERS = (_ssd_mixer, _ssd_mixer_step)
@@ -24,9 +25,7 @@ _A, _D, _CONV_WEIGHT, _NORM_WEIGHT, _GROUPS = 3, 4, 1, 6, 7
 def _attribute(module: fx.GraphModule, node):
     if not isinstance(node, fx.Node) or node.op != "get_attr":
         return None
-    value = module
-    for name in node.target.split("."):
-        value = getattr(value, name)
+    value = _fetch(module, node.target)
     return value if isinstance(value, torch.Tensor) else None
 
 
