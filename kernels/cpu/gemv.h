@@ -51,30 +51,41 @@ inline float lane_sum(gemm::vfloat v) {
 #endif
 }
 
-// Output columns [n_begin, n_end) of every row of x.
-inline void gemv_rows(const GemvArgs& a, int64_t n_begin, int64_t n_end) {
+// Outputs n0 .. n0 + R - 1 of every row of x. Every loop over the R rows is unrolled so that
+// the accumulators live in registers (a rolled one left them on the stack: a load and a store
+// beside every FMA).
+template <int R>
+inline void gemv_block(const GemvArgs& a, int64_t n0) {
   const int64_t K = a.in_features, full = K - K % gemm::kLanes;
-  for (int64_t n0 = n_begin; n0 < n_end; n0 += kGemvBlock) {
-    const int block = static_cast<int>(n_end - n0 < kGemvBlock ? n_end - n0 : kGemvBlock);
-    const float* w = a.weight + n0 * K;
-    for (int64_t m = 0; m < a.rows; ++m) {
-      const float* x = a.x + m * K;
-      gemm::vfloat acc[kGemvBlock] = {};
-      for (int64_t k = 0; k < full; k += gemm::kLanes) {
-        const gemm::vfloat xv = gemm::load(x + k);
-        if (k % (kPrefetchLine / sizeof(float)) == 0)
-          for (int r = 0; r < kGemvBlock; ++r) prefetch(w + (kGemvBlock + r) * K + k);
-#pragma GCC unroll 4
-        for (int r = 0; r < kGemvBlock; ++r)
-          if (r < block) acc[r] += gemm::load(w + r * K + k) * xv;
+  const float* w = a.weight + n0 * K;
+  for (int64_t m = 0; m < a.rows; ++m) {
+    const float* x = a.x + m * K;
+    gemm::vfloat acc[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) acc[r] = gemm::vfloat{};
+    for (int64_t k = 0; k < full; k += gemm::kLanes) {
+      const gemm::vfloat xv = gemm::load(x + k);
+      if (k % (kPrefetchLine / sizeof(float)) == 0) {
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) prefetch(w + (R + r) * K + k);
       }
-      for (int r = 0; r < block; ++r) {
-        float sum = lane_sum(acc[r]);
-        for (int64_t k = full; k < K; ++k) sum += w[r * K + k] * x[k];
-        a.y[m * a.out_features + n0 + r] = sum + (a.bias ? a.bias[n0 + r] : 0.f);
-      }
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) acc[r] += gemm::load(w + r * K + k) * xv;
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      float sum = lane_sum(acc[r]);
+      for (int64_t k = full; k < K; ++k) sum += w[r * K + k] * x[k];
+      a.y[m * a.out_features + n0 + r] = sum + (a.bias ? a.bias[n0 + r] : 0.f);
     }
   }
+}
+
+// Output columns [n_begin, n_end) of every row of x.
+inline void gemv_rows(const GemvArgs& a, int64_t n_begin, int64_t n_end) {
+  int64_t n0 = n_begin;
+  for (; n0 + kGemvBlock <= n_end; n0 += kGemvBlock) gemv_block<kGemvBlock>(a, n0);
+  for (; n0 < n_end; ++n0) gemv_block<1>(a, n0);
 }
 
 }  // namespace ssmcc

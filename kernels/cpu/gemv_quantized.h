@@ -5,13 +5,10 @@
 // ``weight`` (N x K) is int8, bfloat16 or float16, ``scale`` (N x G) float32 (G = 1: one scale
 // per output channel). Decode reads every weight once per token, so bytes are time: the weights
 // stream in their small form and are widened in registers (int8 -> int32 -> float, bfloat16 by
-// a 16-bit shift, float16 by F16C's conversion), as gemv.h streams float32 ones: kQuantizedBlock
-// rows of W at a time, every row of x against them, one vector accumulator per (row of W, row of
-// x) per group, scaled once per group. The widening makes these products compute-bound where
-// float32 ones wait on memory, so the block is 8 rows, not gemv.h's 4: 8 independent FMA chains
-// hide the FMA latency (measured on AMD EPYC Zen 5, int8, one thread, weights in L2: 57 G
-// weights/s at 8 rows against 33 at 4; from memory 21 against 16). ``dequantize_rows`` widens whole rows to float32 for the
-// matrix-matrix products of prefill (done by a float32 GEMM).
+// a 16-bit shift, float16 by F16C's conversion), one row of W at a time read front to back
+// (quantized_gemv_row: one sequential stream, prefetched ahead), scaled once per group. Threads
+// split the rows in tasks of kQuantizedBlock. ``dequantize_rows`` widens whole rows to float32
+// for the matrix-matrix products of prefill (done by a float32 GEMM).
 #pragma once
 
 #include <cstdint>
@@ -24,7 +21,9 @@ namespace ssmcc {
 
 enum class Storage : int { kInt8 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
-constexpr int kQuantizedBlock = 8;
+constexpr int kQuantizedBlock = 8;         // output rows a task of the ORT op splits by
+constexpr int64_t kQuantizedUnroll = 4;     // accumulators along a row
+constexpr int64_t kQuantizedPrefetch = 2048;  // bytes ahead of the read
 
 template <typename W>
 struct QuantizedGemvArgs {
@@ -94,46 +93,50 @@ inline float widen_one(uint16_t w) {
 
 // Outputs n0 .. n0 + R - 1 of row m of x: R rows of W streamed together, the next R rows
 // prefetched meanwhile (see kPrefetchLine).
-template <int R, typename W>
-inline void quantized_gemv_block(const QuantizedGemvArgs<W>& a, int64_t n0, int64_t m) {
+// Output n of row m of x: the weight row read front to back, kUnroll accumulators along k, the
+// row kQuantizedPrefetch bytes ahead asked for meanwhile. One row at a time keeps the weights one
+// sequential stream: blocks of 8 rows read side by side (8 streams a row apart) moved 21-23 GB/s
+// on two Zen 3 cores where this moves 26-29 (a plain read: 36); with weights in L2 it computes
+// 18 G weights/s a core.
+template <typename W>
+inline void quantized_gemv_row(const QuantizedGemvArgs<W>& a, int64_t n, int64_t m) {
+  constexpr int64_t L = gemm::kLanes, U = kQuantizedUnroll;
+  constexpr int64_t ahead = kQuantizedPrefetch / static_cast<int64_t>(sizeof(W));
   const int64_t K = a.in_features, G = a.groups, g = K / G;
-  const int64_t full = g - g % gemm::kLanes;
-  constexpr int64_t kLine = kPrefetchLine / sizeof(W);  // weights a cache line
+  const int64_t unrolled = g - g % (L * U), full = g - g % L;
   const float* x = a.x + m * K;
-  gemm::vfloat total[R] = {};
-  float tail[R] = {};
+  gemm::vfloat total = {};
+  float tail = 0.f;
   for (int64_t group = 0; group < G; ++group) {
     const int64_t k0 = group * g;
-    const W* w = a.weight + n0 * K + k0;
-    gemm::vfloat acc[R] = {};
-    for (int64_t k = 0; k < full; k += gemm::kLanes) {
-      const gemm::vfloat xv = gemm::load(x + k0 + k);
-      if (k % kLine == 0)
-        for (int r = 0; r < R; ++r) prefetch(w + (R + r) * K + k);
+    const W* w = a.weight + n * K + k0;
+    const float* xg = x + k0;
+    gemm::vfloat acc[U];
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) acc[r] += widen(w + r * K + k) * xv;
+    for (int u = 0; u < U; ++u) acc[u] = gemm::vfloat{};
+    int64_t k = 0;
+    for (; k < unrolled; k += L * U) {
+      prefetch(w + k + ahead);
+#pragma GCC unroll 8
+      for (int u = 0; u < U; ++u) acc[u] += widen(w + k + u * L) * gemm::load(xg + k + u * L);
     }
-    for (int r = 0; r < R; ++r) {
-      const float s = a.scale[(n0 + r) * G + group];
-      total[r] += acc[r] * s;
-      float rest = 0.f;
-      for (int64_t k = full; k < g; ++k) rest += widen_one(w[r * K + k]) * x[k0 + k];
-      tail[r] += rest * s;
-    }
+    for (; k < full; k += L) acc[0] += widen(w + k) * gemm::load(xg + k);
+#pragma GCC unroll 8
+    for (int u = 1; u < U; ++u) acc[0] += acc[u];
+    const float s = a.scale[n * G + group];
+    total += acc[0] * s;
+    float rest = 0.f;
+    for (; k < g; ++k) rest += widen_one(w[k]) * xg[k];
+    tail += rest * s;
   }
-  for (int r = 0; r < R; ++r)
-    a.y[m * a.out_features + n0 + r] =
-        lane_sum(total[r]) + tail[r] + (a.bias ? a.bias[n0 + r] : 0.f);
+  a.y[m * a.out_features + n] = lane_sum(total) + tail + (a.bias ? a.bias[n] : 0.f);
 }
 
 // Output columns [n_begin, n_end) of every row of x.
 template <typename W>
 void quantized_gemv_rows(const QuantizedGemvArgs<W>& a, int64_t n_begin, int64_t n_end) {
-  int64_t n0 = n_begin;
-  for (; n0 + kQuantizedBlock <= n_end; n0 += kQuantizedBlock)
-    for (int64_t m = 0; m < a.rows; ++m) quantized_gemv_block<kQuantizedBlock>(a, n0, m);
-  for (; n0 < n_end; ++n0)
-    for (int64_t m = 0; m < a.rows; ++m) quantized_gemv_block<1>(a, n0, m);
+  for (int64_t n = n_begin; n < n_end; ++n)
+    for (int64_t m = 0; m < a.rows; ++m) quantized_gemv_row(a, n, m);
 }
 
 // Rows [n_begin, n_end) of W as float32 into ``out`` (N x K).
