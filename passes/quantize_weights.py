@@ -11,14 +11,19 @@ Rules:
   (cast back to W's dtype when that is not float32).
 - ``experts``: ``ssmcc.moe_experts``'s ``up`` / ``down`` (E, n, k) -> each expert's matrix
   quantised as a linear weight, the call given ``up_scale`` / ``down_scale`` (E, n, G).
+- ``mixer``: a fused Mamba-1 mixer's ``x_proj_weight`` / ``dt_proj_weight`` (``ssmcc.mamba_mixer``
+  and ``mamba_mixer_step``) -> the stored weight, the call given ``x_proj_scale`` /
+  ``dt_proj_scale`` (14% of mamba-130m's int8 bytes were these two, read every token). A group
+  scheme whose group does not divide such a weight's columns (dt_proj's rank R: 48 at 130m)
+  stores it int8 per output channel instead (noted in the diagnostics).
 - ``tied``: a weight read by both (an LM head tied to the embedding) is quantised once; its rows
   are the head's output channels, so the one (Wq, scale) pair serves both.
 
 A weight is kept as it is (reason in ``ctx.diagnostics["quantize_weights"]``) when anything else
-reads it (a fused mixer's x_proj / dt_proj: a few percent of a layer's bytes), when the scheme's
-group does not divide its columns, or when it is a router's (its output reaches a ``topk``: a
-mixture-of-experts' choices stay those of the float model, as llama.cpp keeps them). Math: the
-ops' docstrings; ``W`` is replaced by ``Wq * scale`` per group, nothing else changes.
+reads it, when the scheme's group does not divide its columns, or when it is a router's (its
+output reaches a ``topk``: a mixture-of-experts' choices stay those of the float model, as
+llama.cpp keeps them). Math: the ops' docstrings; ``W`` is replaced by ``Wq * scale`` per group,
+nothing else changes.
 """
 
 from __future__ import annotations
@@ -73,18 +78,23 @@ def _feeds_topk(node: Node, hops: int = ROUTER_HOPS) -> bool:
 
 MOE_EXPERTS = torch.ops.ssmcc.moe_experts.default
 EXPERT_SCALES = {3: "up_scale", 4: "down_scale"}  # moe_experts' weight argument -> its scale
+MIXERS = (torch.ops.ssmcc.mamba_mixer.default, torch.ops.ssmcc.mamba_mixer_step.default)
+MIXER_SCALES = {3: "x_proj_scale", 4: "dt_proj_scale"}  # a mixer's weight argument -> its scale
+SCALED = {MOE_EXPERTS: ("experts", EXPERT_SCALES)} | {m: ("mixer", MIXER_SCALES) for m in MIXERS}
 
 
 def _use_kind(user: Node, weight: Node) -> str | None:
-    """``"linear"`` / ``"embedding"`` / ``"experts"`` when ``user`` reads ``weight`` as that
-    op's weight, else None."""
+    """``"linear"`` / ``"embedding"`` / ``"experts"`` / ``"mixer"`` when ``user`` reads
+    ``weight`` as that op's weight, else None."""
     if user.op != "call_function":
         return None
-    if user.target == MOE_EXPERTS:
-        slots = [i for i in EXPERT_SCALES if len(user.args) > i and user.args[i] is weight]
-        kwarg = EXPERT_SCALES[slots[0]] if len(slots) == 1 else None
-        if kwarg and user.kwargs.get(kwarg) is None and weight not in user.args[:3]:
-            return "experts"
+    if user.target in SCALED:
+        kind, scales = SCALED[user.target]
+        slots = [i for i in scales if len(user.args) > i and user.args[i] is weight]
+        kwarg = scales[slots[0]] if len(slots) == 1 else None
+        others = [a for i, a in enumerate(user.args) if i != (slots or [None])[0]]
+        if kwarg and user.kwargs.get(kwarg) is None and weight not in others:
+            return kind
         return None
     if user.target == aten.linear.default and len(user.args) >= 2 and user.args[1] is weight:
         if weight not in user.args[:1] + tuple(user.args[2:]) and not user.kwargs:
@@ -138,11 +148,17 @@ def quantize_weights(program: ExportedProgram, ctx: PassContext) -> PassResult:
             if reader is not None:
                 others[_op_label(reader)] += tensor.nbytes
             continue
-        why = _why_kept(node, tensor, scheme)
+        applied = _mixer_scheme(kinds, tensor, scheme)
+        if applied != scheme:
+            reasons.append(
+                f"{spec.target} {tuple(tensor.shape)} stored {applied}: its {tensor.shape[-1]} "
+                f"columns are not a multiple of {scheme}'s group"
+            )
+        why = _why_kept(node, tensor, applied)
         if why is not None:
             reasons.append(f"{spec.target} {tuple(tensor.shape)} kept {tensor.dtype}: {why}")
             continue
-        stored, scale = _quantized(tensor, scheme)
+        stored, scale = _quantized(tensor, applied)
         release_file_pages([tensor])  # a memory-mapped checkpoint's pages: read once, given back
         pair = []
         for suffix, value in (("quantized", stored), ("scale", scale)):
@@ -165,6 +181,14 @@ def quantize_weights(program: ExportedProgram, ctx: PassContext) -> PassResult:
     return PassResult(_rebuilt(program, graph_module, new_specs, state_dict), True, hits)
 
 
+def _mixer_scheme(kinds: list, tensor: torch.Tensor, scheme: str) -> str:
+    """The scheme for a weight only fused mixers read: ``scheme``, or int8 per output channel
+    where ``scheme``'s group does not divide its columns (any scale layout serves a mixer)."""
+    if set(kinds) != {"mixer"} or scheme_applies(scheme, tensor.shape[-1]):
+        return scheme
+    return "int8"
+
+
 def _quantized(tensor: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``quantize_weight`` of a (n, k) weight, or of each expert's matrix of a (E, n, k) one."""
     if tensor.dim() == 2:
@@ -182,10 +206,11 @@ def _op_label(node: Node) -> str:
 def _rewrite_users(graph, node, stored, scale, fake_mode, dtype, hits: Counter) -> None:
     for user in list(node.users):
         kind = _use_kind(user, node)
-        if kind == "experts":  # the same call, reading the stored weight and its scale
-            index = next(i for i in EXPERT_SCALES if user.args[i] is node)
+        if kind in ("experts", "mixer"):  # the same call, reading the stored weight and its scale
+            scales = SCALED[user.target][1]
+            index = next(i for i in scales if user.args[i] is node)
             user.update_arg(index, stored)
-            user.update_kwarg(EXPERT_SCALES[index], scale)
+            user.update_kwarg(scales[index], scale)
             hits[kind] += 1
             continue
         with graph.inserting_before(user):

@@ -92,7 +92,7 @@ def quantize_program(program, scheme: str, ctx: PassContext, accuracy_inputs: tu
         quantized,
         {
             "scheme": scheme,
-            "weights": sum(hits.get(k, 0) for k in ("linear", "embedding", "experts"))
+            "weights": sum(hits.get(k, 0) for k in ("linear", "embedding", "experts", "mixer"))
             - hits.get("tied", 0),
             "bytes_before": _weight_bytes(program),
             "bytes_after": _weight_bytes(quantized),

@@ -258,8 +258,9 @@ def _mixer_args(t: _Tensors, op: str, batch: int, length: int) -> dict:
 
 def _mamba_mixer_args(t: _Tensors, op: str, batch: int, dim: int, length: int) -> dict:
     """The fused Mamba-1 mixer: x and (mostly) z in the projection output in a random order with
-    random gaps; dt rank 1-8, a conv of width 1-5, FalconMamba's norms now and then. Without
-    softplus dt is kept >= 0 (dt_proj small, dt_bias in [0.5, 1])."""
+    random gaps; dt rank 1-8, a conv of width 1-5, FalconMamba's norms now and then; in a third
+    of the cases x_proj and/or dt_proj stored small (``_stored_small``). Without softplus dt is
+    kept >= 0 (dt_proj small, dt_bias in [0.5, 1])."""
     rng = t.rng
     n, rank, width = rng.choice(STATES), rng.choice((1, 2, 3, 5, 8)), rng.choice((1, 2, 3, 4, 5))
     pieces = ["x", "z"] if rng.random() < 0.8 else ["x"]
@@ -270,7 +271,7 @@ def _mamba_mixer_args(t: _Tensors, op: str, batch: int, dim: int, length: int) -
     softplus = rng.random() < 0.8
     time = (length,) if op == "mamba_mixer" else ()
     states = 0.5 if op == "mamba_mixer" else 1.0
-    return dict(
+    args = dict(
         zx=t.randn(batch, *time, at + rng.choice((0, 2))),
         conv_weight=t.randn(dim, width, scale=0.5),
         conv_bias=t.maybe(0.5, lambda: t.randn(dim)),
@@ -287,6 +288,28 @@ def _mamba_mixer_args(t: _Tensors, op: str, batch: int, dim: int, length: int) -
         conv_state=t.maybe(states, lambda: t.randn(batch, dim, width - 1)),
         ssm_state=t.maybe(states, lambda: t.randn(batch, dim, n)),
     )
+    if rng.random() < 0.35:
+        for name in ("x_proj", "dt_proj"):
+            if rng.random() < 0.75:
+                stored, scale = _stored_small(rng, args[f"{name}_weight"])
+                args[f"{name}_weight"], args[f"{name}_scale"] = stored, scale
+    return args
+
+
+def _stored_small(rng: random.Random, weight: torch.Tensor):
+    """(stored, scale) of a projection weight (rows, cols): int8, symmetric per group of columns
+    (the group count any divisor of cols: 1 is per row), or float16 / bfloat16 with unit scales."""
+    rows, cols = weight.shape
+    dense = weight.detach().float()
+    dtype = rng.choice((torch.int8, torch.int8, torch.float16, torch.bfloat16))
+    if dtype != torch.int8:
+        return dense.to(dtype), torch.ones(rows, 1)
+    groups = rng.choice([g for g in range(1, cols + 1) if cols % g == 0])
+    grouped = dense.reshape(rows, groups, cols // groups)
+    amax = grouped.abs().amax(-1)
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    stored = torch.round(grouped / scale[..., None]).clamp(-127, 127).to(torch.int8)
+    return stored.reshape(rows, cols), scale
 
 
 def _norm_args(t: _Tensors) -> dict:

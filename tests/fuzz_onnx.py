@@ -63,6 +63,18 @@ _NODES = {  # op -> (ONNX op type, node inputs, number of outputs)
     "mamba_mixer": ("MambaMixer", _MAMBA_MIXER_INPUTS, 3),
     "mamba_mixer_step": ("MambaMixerStep", _MAMBA_MIXER_INPUTS, 3),
 }
+_SCALES = ("x_proj_scale", "dt_proj_scale")
+# a mixer with a projection stored small: its quantized node (the float one, if any, unit scales)
+_QUANTIZED = {
+    op: (f"Quantized{op_type}", inputs + _SCALES, count)
+    for op, (op_type, inputs, count) in _NODES.items()
+    if op in ("mamba_mixer", "mamba_mixer_step")
+}
+
+
+def _node(case_op: str, feed: dict) -> tuple:
+    """(op type, inputs, outputs) of the case's node."""
+    return (_QUANTIZED if "x_proj_scale" in feed else _NODES)[case_op]
 
 
 def _common_groups(B: torch.Tensor, C: torch.Tensor, grouped_rank: int):
@@ -139,6 +151,12 @@ def _mixer_form(op: str, a: dict) -> dict:
 
 
 def _mamba_mixer_form(a: dict) -> dict:
+    """Neutral values for absent inputs; a projection stored small keeps its storage (the other
+    one, if float, gets unit scales: the quantized node takes both)."""
+    if any(a.get(name) is not None for name in _SCALES):
+        for name in ("x_proj", "dt_proj"):
+            if a.get(f"{name}_scale") is None:
+                a[f"{name}_scale"] = torch.ones(a[f"{name}_weight"].shape[0], 1)
     channels, width = a["conv_weight"].shape
     batch, state = a["zx"].shape[0], a["A"].shape[1]
     for name in ("conv_bias", "D", "dt_bias"):
@@ -160,7 +178,13 @@ def _mamba_mixer_form(a: dict) -> dict:
 
 def node_form(case: Case) -> tuple[dict, dict]:
     """(inputs as float32 arrays, attributes) of the op's ONNX node."""
-    a = {k: v.float() if isinstance(v, torch.Tensor) else v for k, v in case.args.items()}
+    # inputs as float32, but a projection stored small as it is stored (next to its scale)
+    projections = ("x_proj", "dt_proj")
+    stored = {f"{n}_weight" for n in projections if case.args.get(f"{n}_scale") is not None}
+    a = {
+        k: v.float() if isinstance(v, torch.Tensor) and k not in stored else v
+        for k, v in case.args.items()
+    }
     if case.op in ("selective_scan", "selective_state_update"):
         attrs = _mamba1_form(case.op, a)
     elif case.op in ("ssd_scan", "ssd_state_update"):
@@ -183,17 +207,25 @@ def node_form(case: Case) -> tuple[dict, dict]:
         a["bias"] = torch.zeros(dim) if a["bias"] is None else a["bias"]
         if case.op == "causal_conv1d" and a["initial_state"] is None:
             a["initial_state"] = torch.zeros(a["x"].shape[0], dim, width - 1)
-    names = _NODES[case.op][1]
+    names = _node(case.op, a)[1]
     return {k: np.ascontiguousarray(a[k].numpy()) for k in names}, attrs
 
 
 _SESSIONS: dict = {}
 
 
-def _functions(op: str, width: int | None) -> list:
+def _functions(op: str, width: int | None, quantized: bool = False) -> list:
     """The model-local functions the op's node needs (a fused op's body calls others)."""
     from ssmcc.lowering.onnx import functions, functions_mixer, functions_ssd
+    from ssmcc.lowering.onnx import quantized as q
     from ssmcc.lowering.onnx.export import OPSET
+
+    if quantized:  # Quantized{MambaMixer,MambaMixerStep}: Widen, then the float node
+        outer = {
+            "mamba_mixer": functions_mixer.quantized_mamba_mixer_function,
+            "mamba_mixer_step": functions_mixer.quantized_mamba_mixer_step_function,
+        }[op]
+        return [outer(OPSET), q.widen_function(OPSET), *_functions(op, width)]
 
     bodies = {
         "selective_scan": lambda: [functions.selective_scan_function(OPSET)],
@@ -229,10 +261,18 @@ def _functions(op: str, width: int | None) -> list:
     return bodies[op]()
 
 
-def session(op: str, attrs: dict, ranks: dict, library: bool, width: int | None = None):
+def session(
+    op: str,
+    attrs: dict,
+    ranks: dict,
+    library: bool,
+    width: int | None = None,
+    types: tuple = (),
+):
     """An ORT session running the op's node alone; ``ranks``: of each input (all dims dynamic),
-    and of ``out`` / ``state_out``."""
-    key = (op, tuple(sorted(attrs.items())), tuple(sorted(ranks.items())), width, library)
+    and of ``out`` / ``state_out``; ``types``: (input, ONNX element type) of inputs not float32
+    (a mixer's projections stored small: its quantized node)."""
+    key = (op, tuple(sorted(attrs.items())), tuple(sorted(ranks.items())), width, library, types)
     if key not in _SESSIONS:
         import onnxruntime as ort
         from onnx import TensorProto, helper
@@ -241,10 +281,14 @@ def session(op: str, attrs: dict, ranks: dict, library: bool, width: int | None 
         from ssmcc.lowering.onnx.runtime import custom_op_library
         from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
 
-        op_type, inputs, count = _NODES[op]
+        quantized = "x_proj_scale" in ranks
+        op_type, inputs, count = (_QUANTIZED if quantized else _NODES)[op]
         outputs = ["out", "state_out", "state2_out"][:count]
+        element = dict(types)
         value = lambda name: helper.make_tensor_value_info(  # noqa: E731
-            name, TensorProto.FLOAT, [f"{name}_{axis}" for axis in range(ranks[name])]
+            name,
+            element.get(name, TensorProto.FLOAT),
+            [f"{name}_{axis}" for axis in range(ranks[name])],
         )
         node = helper.make_node(op_type, list(inputs), outputs, domain=DOMAIN, **attrs)
         graph = helper.make_graph(
@@ -253,7 +297,7 @@ def session(op: str, attrs: dict, ranks: dict, library: bool, width: int | None 
         model = helper.make_model(
             graph,
             opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, VERSION)],
-            functions=_functions(op, width),
+            functions=_functions(op, width, quantized),
         )
         options = ort.SessionOptions()
         options.intra_op_num_threads = 2
@@ -296,7 +340,13 @@ def session_for(op: str, feed: dict, attrs: dict, library: bool):
     elif op in ("ssd_mixer", "mamba_mixer"):
         width = feed["conv_weight"].shape[1]
     ranks = {name: array.ndim for name, array in feed.items()} | output_ranks(op, feed)
-    return session(op, attrs, ranks, library, width)
+    from onnx import TensorProto
+
+    elements = {np.dtype(np.int8): TensorProto.INT8, np.dtype(np.float16): TensorProto.FLOAT16}
+    types = tuple(
+        (name, elements[array.dtype]) for name, array in feed.items() if array.dtype in elements
+    )
+    return session(op, attrs, ranks, library, width, types)
 
 
 def run_onnx(case: Case, library: bool):

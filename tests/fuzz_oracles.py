@@ -117,6 +117,15 @@ def _rms(v, eps):
     return v / torch.sqrt((v * v).mean(-1, keepdim=True) + eps)
 
 
+def _projection(a: dict, name: str):
+    """A mixer's projection weight W: as given, or ``weight * scale`` per group of columns."""
+    weight, scale = a[f"{name}_weight"], a.get(f"{name}_scale")
+    if scale is None:
+        return weight
+    rows, cols = weight.shape
+    return (weight.reshape(rows, scale.shape[1], -1) * scale[..., None]).reshape(rows, cols)
+
+
 def _mamba_mixer(op: str, a: dict):
     """Conv on the x slice, x_proj, [R, n, n] split (normed when asked), dt_proj, the scan gated
     by the z slice; y token-major."""
@@ -139,10 +148,11 @@ def _mamba_mixer(op: str, a: dict):
             activation=a["activation"],
         ),
     )
-    dt_r, B, C = (xc.transpose(1, 2) @ a["x_proj_weight"].T).split([rank, state, state], -1)
+    x_proj, dt_proj = (_projection(a, name) for name in ("x_proj", "dt_proj"))
+    dt_r, B, C = (xc.transpose(1, 2) @ x_proj.T).split([rank, state, state], -1)
     if a["bcdt_rms_eps"] is not None:
         dt_r, B, C = (_rms(v, a["bcdt_rms_eps"]) for v in (dt_r, B, C))
-    dt = (dt_r @ a["dt_proj_weight"].T).transpose(1, 2)
+    dt = (dt_r @ dt_proj.T).transpose(1, 2)
     z = None if a["z_offset"] < 0 else take(a["z_offset"])
     y, h = _selective_scan(
         dict(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from . import fuzzing
 
@@ -94,3 +95,27 @@ def test_the_generator_covers_what_it_promises():
     assert 0 in lengths and 1 in lengths and max(lengths) >= 300
     for name in ("D", "z", "delta_bias", "initial_state"):
         assert {c.args[name] is None for c in scans} == {True, False}, name
+
+
+def test_the_mixer_cases_store_projections_small():
+    """Fused Mamba-1 mixer cases with x_proj / dt_proj stored small: int8 per row and per group,
+    float16 and bfloat16, each projection alone and both (the rest float)."""
+    mixers = [
+        fuzzing.draw(op, seed)
+        for op in ("mamba_mixer", "mamba_mixer_step")
+        for seed in range(DEFAULT_CASES)
+    ]
+    scales = {name: [c.args.get(f"{name}_scale") for c in mixers] for name in ("x_proj", "dt_proj")}
+    assert {s is None for s in scales["x_proj"]} == {True, False}
+    stored = [
+        c.args[f"{name}_weight"]
+        for c in mixers
+        for name in ("x_proj", "dt_proj")
+        if c.args.get(f"{name}_scale") is not None
+    ]
+    assert {t.dtype for t in stored} == {torch.int8, torch.float16, torch.bfloat16}
+    groups = {s.shape[1] for s in scales["x_proj"] + scales["dt_proj"] if s is not None}
+    assert 1 in groups and max(groups) > 1
+    pairs = list(zip(scales["x_proj"], scales["dt_proj"], strict=True))
+    assert any((x is None) != (d is None) for x, d in pairs)
+    assert any(x is not None and d is not None for x, d in pairs)

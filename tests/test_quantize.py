@@ -79,9 +79,69 @@ def test_bad_operands_are_refused_with_the_rule():
         quantized_linear_ref(torch.randn(2, 64), stored, torch.ones(8, 3))
 
 
+def _mixer_operands(step: bool, scheme: str = "int8"):
+    """A fused Mamba-1 mixer's operands (d 40, R 5, n 7) with x_proj and dt_proj stored small."""
+    from ssmcc.ops.quantized_linear import quantize_weight as q
+
+    g = torch.Generator().manual_seed(5)
+    d, k, R, n = 40, 4, 5, 7
+    zx = torch.randn(2, *(() if step else (9,)), 2 * d, generator=g)
+    x_proj, dt_proj = torch.randn(R + 2 * n, d, generator=g) * 0.2, torch.randn(d, R, generator=g)
+    (xq, xs), (dq, ds) = q(x_proj, scheme), q(dt_proj, "int8" if "-g" in scheme else scheme)
+    args = [zx, torch.randn(d, k, generator=g), torch.randn(d, generator=g), xq, dq]
+    args += [-torch.rand(d, n, generator=g), torch.randn(d, generator=g), None, 0, d]
+    states = [torch.randn(2, d, k - 1, generator=g), torch.randn(2, d, n, generator=g)]
+    extra = ["silu", True, None, *states]
+    return args, extra, dict(x_proj_scale=xs, dt_proj_scale=ds), (x_proj, dt_proj)
+
+
+@pytest.mark.parametrize("step", [False, True])
+@pytest.mark.parametrize("scheme", ["int8", "int8-g32", "fp16", "bf16"])
+def test_mixer_with_small_projections_is_the_float_mixer_on_the_dequantised_weights(step, scheme):
+    """The fused mixer's reference with stored x_proj / dt_proj equals the float op on
+    ``weight * scale``; the C++ kernel equals the reference (sequence and step paths)."""
+    from ssmcc.kernels.cpu import native
+    from ssmcc.kernels.cpu.mixer_binding import mamba_mixer_cpu, mamba_mixer_step_cpu
+    from ssmcc.ops.mamba_mixer import mamba_mixer_ref, mamba_mixer_step_ref
+
+    ref, cpu = (
+        (mamba_mixer_step_ref, mamba_mixer_step_cpu) if step else (mamba_mixer_ref, mamba_mixer_cpu)
+    )
+    args, extra, scales, _ = _mixer_operands(step, scheme)
+    dense = [dequantize_weight(args[3], scales["x_proj_scale"])]
+    dense.append(dequantize_weight(args[4], scales["dt_proj_scale"]))
+    expected = ref(*args[:3], *dense, *args[5:], *extra)
+    got = ref(*args, *extra, **scales)
+    for e, o in zip(expected, got, strict=True):
+        torch.testing.assert_close(o, e, rtol=0, atol=0)
+    if native.available():
+        for e, o in zip(expected, cpu(*args, *extra, **scales), strict=True):
+            torch.testing.assert_close(o, e, **KERNEL_TOLERANCE)
+
+
+def test_mixer_projection_storage_is_checked_in_python_and_in_the_kernel():
+    from ssmcc.kernels.cpu import mixer_binding, native
+    from ssmcc.ops.mamba_mixer import mamba_mixer_step_ref
+
+    args, extra, scales, (x_proj, _) = _mixer_operands(step=True)
+    with pytest.raises(RuntimeError, match="x_proj_weight must be a real floating-point"):
+        mamba_mixer_step_ref(*args, *extra)  # int8 without its scale
+    with pytest.raises(RuntimeError, match=r"mamba_mixer_step \(x_proj_weight\): scale must be"):
+        mamba_mixer_step_ref(*args, *extra, **{**scales, "x_proj_scale": torch.ones(3, 1)})
+    with pytest.raises(RuntimeError, match="groups must divide"):
+        mamba_mixer_step_ref(*args, *extra, **{**scales, "x_proj_scale": torch.ones(19, 3)})
+    if not native.available():
+        return
+    # the unchecked entry (the torch lowering's) reaches the C++ contract
+    with pytest.raises(RuntimeError, match="x_proj scale groups=3 must divide its 40 columns"):
+        mixer_binding._mamba_mixer_step(
+            *args, *extra, **{**scales, "x_proj_scale": torch.ones(19, 3)}
+        )
+
+
 @pytest.mark.parametrize("scheme", SCHEME_NAMES)
 @pytest.mark.parametrize("rows", [1, 3, 8, 13])  # 13: more rows than the matrix-vector path
-@pytest.mark.parametrize("cols", [128, 72])  # 72: columns that leave a vector tail
+@pytest.mark.parametrize("cols", [128, 72, 45])  # 72: a vector tail; 45: a scalar one too
 def test_cpp_kernel_matches_reference(scheme, rows, cols):
     from ssmcc.kernels.cpu import native
     from ssmcc.kernels.cpu.quantized_binding import quantized_linear_cpu
@@ -149,30 +209,44 @@ def test_ort_library_node_matches_reference_at_any_rows(scheme, rows, out_featur
 
 
 def test_pass_rules_on_mamba():
-    """Every projection outside the fused mixer and the tied head/embedding: one int8 copy."""
+    """Every projection (the fused mixer's x_proj and dt_proj too) and the tied head/embedding:
+    one int8 copy."""
     model = make_hf_model("mamba", hidden_size=64, vocab_size=300)
     compiled = ssmcc.compile(model, target="torch", quantize="int8", kernels="reference")
     hits = compiled.report.rule_hits
     layers = model.config.num_hidden_layers
     assert hits["quantize_weights.linear"] == 2 * layers + 1  # in/out projections + LM head
+    assert hits["quantize_weights.mixer"] == 2 * layers  # x_proj, dt_proj
     assert hits["quantize_weights.embedding"] == 1 and hits["quantize_weights.tied"] == 1
     program = compiled.program
     assert not [n for n in program.graph.nodes if n.target == torch.ops.aten.linear.default]
+    mixers = [n for n in program.graph.nodes if n.target == torch.ops.ssmcc.mamba_mixer.default]
+    assert len(mixers) == layers
+    for mixer in mixers:
+        assert mixer.args[3].meta["val"].dtype == mixer.args[4].meta["val"].dtype == torch.int8
+        assert {"x_proj_scale", "dt_proj_scale"} <= set(mixer.kwargs)
     int8 = {k for k, v in program.state_dict.items() if v.dtype == torch.int8}
-    assert "model.lm_head.weight.quantized" in int8 and len(int8) == 2 * layers + 1
+    assert "model.lm_head.weight.quantized" in int8 and len(int8) == 4 * layers + 1
     q = compiled.report.quantization
-    assert q["weights"] == 2 * layers + 1
+    assert q["weights"] == 4 * layers + 1
     assert q["bytes_after"] < q["bytes_before"] / 2
-    assert any("mamba_mixer" in line for line in q["kept"])  # x_proj, dt_proj stay float32
+    assert not any("x_proj" in line or "dt_proj" in line for line in q["kept"])
     assert "quantized:      int8" in compiled.report.format()
 
 
 def test_group_that_does_not_divide_keeps_the_weight_and_says_why():
+    """A linear weight is kept float; a fused mixer's x_proj / dt_proj is stored int8 per output
+    channel instead (any scale layout serves the mixer), and the report says so."""
     model = make_hf_model("mamba")  # hidden 24: no group of 32 fits
     compiled = ssmcc.compile(model, target="torch", quantize="int8-g32", kernels="reference")
     kept = compiled.report.quantization["kept"]
     assert any("not a multiple of the group size 32" in line for line in kept)
-    assert compiled.report.quantization["weights"] == 0
+    per_channel = [line for line in kept if "stored int8: its" in line]
+    assert len(per_channel) == 2 * model.config.num_hidden_layers
+    assert all("x_proj" in line or "dt_proj" in line for line in per_channel)
+    assert compiled.report.quantization["weights"] == 2 * model.config.num_hidden_layers
+    scales = [v for k, v in compiled.program.state_dict.items() if k.endswith("proj.weight.scale")]
+    assert scales and all(scale.shape[1] == 1 for scale in scales)
 
 
 @pytest.fixture(scope="module")
@@ -221,8 +295,10 @@ def test_onnx_step_uses_the_library_kernel_and_int8_initializers(small_mamba, tm
     ops = [n.op_type for n in proto.graph.node]
     assert ops.count("QuantizedLinear") == 2 * small_mamba.config.num_hidden_layers + 1
     assert "Gemm" not in ops and "MatMul" not in ops
+    layers = small_mamba.config.num_hidden_layers
+    assert ops.count("QuantizedMambaMixerStep") == layers and "MambaMixerStep" not in ops
     int8 = [t for t in proto.graph.initializer if t.data_type == onnx.TensorProto.INT8]
-    assert len(int8) == 2 * small_mamba.config.num_hidden_layers + 1
+    assert len(int8) == 4 * layers + 1  # in/out projections, x_proj, dt_proj, the head
     # prefill: each product dequantises the same int8 initializers per call and reads the
     # float32 weight (n, k) as it comes (FusedMatMul transB): no float32 copy held, none transposed
     prefill = onnx.load(str(folder / "prefill.onnx"), load_external_data=False)
@@ -300,7 +376,8 @@ def test_cli_compile_quantize(tmp_path, capsys):
     from ssmcc.cli import main
 
     assert main(["compile", "mamba-tiny", "--quantize", "int8", "--out", str(tmp_path / "a")]) == 0
-    assert "quantized int8: 5 weights" in capsys.readouterr().err
+    # mamba-tiny: 2 layers x (in_proj, out_proj, x_proj, dt_proj) + the tied head/embedding
+    assert "quantized int8: 9 weights" in capsys.readouterr().err
     manifest = ssmcc.load(str(tmp_path / "a")).manifest
     assert manifest["quantization"]["scheme"] == "int8"
     assert manifest["quantization"]["accuracy"]["top1_agreement"] > 0.9

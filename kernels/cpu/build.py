@@ -56,6 +56,7 @@ KERNEL_HEADERS = [
     "ssd_mixer.h",
     "conv_channels_last.h",
     "mamba_mixer.h",
+    "mixer_weight.h",
     "vector_math.h",
     "denormals.h",
     "small_gemm.h",

@@ -11,6 +11,9 @@
 //              dt = softplus(dt_t + dt_bias); h_i = exp(dt A[:, i]) h_i + dt x_t B_t[i]
 //              y_t = sum_i C_t[i] h_i + D x_t;   y_t *= silu(z_t)
 //
+// x_proj and dt_proj may be stored small (mixer_weight.h): the step's products read them so, the
+// sequence path's GEMMs read the float32 transposes the caller widens once per call.
+//
 // The step form: the conv update, x_proj and dt_proj as matrix-vector products (gemv.h) and one
 // selective_state_update (ssm_kernels.h), phases split over threads (MambaStep below). Scratch:
 // xc, dbc, dt. Sizes satisfy
@@ -24,7 +27,7 @@
 #include <vector>
 
 #include "conv_channels_last.h"
-#include "gemv.h"
+#include "mixer_weight.h"
 #include "small_gemm.h"
 #include "ssm_kernels.h"
 #include "tuning.h"
@@ -36,8 +39,10 @@ struct MambaMixerArgs {
   const float* proj;                           // (b, l, w); a step: (b, w)
   const float *conv_weight, *conv_weight_t;    // (d, k); (k, d) (sequences)
   const float *conv_bias;                      // (d,) or null
-  const float *x_proj, *x_proj_t;              // (E, d); (d, E) (sequences)
-  const float *dt_proj, *dt_proj_t;            // (d, R); (R, d) (sequences)
+  MixerWeight x_proj;                          // (E, d)
+  const float* x_proj_t;                       // (d, E) float32 (sequences)
+  MixerWeight dt_proj;                         // (d, R)
+  const float* dt_proj_t;                      // (R, d) float32 (sequences)
   const float *A, *A_t;                        // (d, n); (n, d) (sequences)
   const float *D, *dt_bias;                    // (d,) or null
   const float *conv_state, *ssm_state;         // (b, d, k-1), (b, d, n); null: zeros
@@ -177,8 +182,8 @@ struct MambaStep {
 
 inline void mamba_step_project_rows(const MambaStep& s, int64_t e_begin, int64_t e_end) {
   const MambaMixerArgs& a = *s.a;
-  const GemvArgs project{a.xc, a.x_proj, nullptr, a.dbc, a.batch, a.projected(), a.channels};
-  gemv_rows(project, e_begin, e_end);
+  mixer_weight_gemv_rows(a.x_proj, a.xc, a.dbc, a.batch, a.projected(), a.channels, e_begin,
+                         e_end);
 }
 
 inline void mamba_step_split(const MambaStep& s) {
@@ -205,8 +210,7 @@ inline void mamba_step_channel_rows(const MambaStep& s, int64_t row_begin, int64
   const int64_t d = a.channels, E = a.projected(), R = a.rank;
   for (int64_t row = row_begin; row < row_end;) {
     const int64_t b = row / d, c0 = row % d, c1 = std::min(d, c0 + (row_end - row));
-    const GemvArgs widen{a.dbc + b * E, a.dt_proj, nullptr, a.dt + b * d, 1, d, R};
-    gemv_rows(widen, c0, c1);
+    mixer_weight_gemv_rows(a.dt_proj, a.dbc + b * E, a.dt + b * d, 1, d, R, c0, c1);
     row += c1 - c0;
   }
   const StepArgs step{a.ssm_state, a.xc, a.dt, a.A, s.B, s.C, a.D,

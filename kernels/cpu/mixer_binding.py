@@ -16,6 +16,7 @@ import math
 import torch
 
 from ssmcc.kernels.cpu.native import as_f32, call_kernel, pointer
+from ssmcc.kernels.cpu.quantized_binding import STORAGE
 from ssmcc.kernels.cpu.ssd_binding import _per_channel_D
 from ssmcc.ops._shapes import uses_silu
 from ssmcc.ops.mamba_mixer import check_mamba_mixer_args, mamba_mixer_sizes
@@ -323,25 +324,19 @@ def _run_mamba(
     bcdt_rms_eps,
     conv_state,
     ssm_state,
+    x_proj_scale=None,
+    dt_proj_scale=None,
 ):
     s = mamba_mixer_sizes(conv_weight, x_proj_weight, dt_proj_weight, A)
     batch, width, d = zx.shape[0], zx.shape[-1], s["channels"]
     y = torch.empty(*zx.shape[:-1], d, dtype=torch.float32)
     conv_out = torch.empty(batch, d, s["width"] - 1, dtype=torch.float32)
     ssm_out = torch.empty(batch, d, s["state"], dtype=torch.float32)
-    inputs = (
-        zx,
-        conv_weight,
-        conv_bias,
-        x_proj_weight,
-        dt_proj_weight,
-        A,
-        D,
-        dt_bias,
-        conv_state,
-        ssm_state,
-    )
-    inputs = [as_f32(t) for t in inputs]  # held until the call returns
+    x_proj = _projection_weight(x_proj_weight, x_proj_scale)
+    dt_proj = _projection_weight(dt_proj_weight, dt_proj_scale)
+    inputs = [as_f32(t) for t in (zx, conv_weight, conv_bias)]  # held until the call returns
+    inputs += [x_proj[0], dt_proj[0]]
+    inputs += [as_f32(t) for t in (A, D, dt_bias, conv_state, ssm_state)]
     sizes = [batch] if step else [batch, zx.shape[1]]
     call_kernel(
         "ssmcc_mamba_mixer_step_f32" if step else "ssmcc_mamba_mixer_f32",
@@ -361,9 +356,21 @@ def _run_mamba(
         int(bool(delta_softplus)),
         int(bcdt_rms_eps is not None),
         float(bcdt_rms_eps or 0.0),
+        pointer(x_proj[1]),
+        *x_proj[2:],
+        pointer(dt_proj[1]),
+        *dt_proj[2:],
         torch.get_num_threads(),
     )
     return y.to(zx.dtype), conv_out, ssm_out
+
+
+def _projection_weight(weight, scale) -> tuple:
+    """(weight, scale, storage code, groups) as ``mixer_weight.h`` reads them: a float weight
+    without a scale as float32 (code -1), a stored one as it is (``STORAGE``)."""
+    if scale is None:
+        return as_f32(weight), None, -1, 1
+    return weight.contiguous(), as_f32(scale), STORAGE[weight.dtype], scale.shape[1]
 
 
 def _mamba_mixer(
@@ -382,6 +389,8 @@ def _mamba_mixer(
     bcdt_rms_eps=None,
     conv_state=None,
     ssm_state=None,
+    x_proj_scale=None,
+    dt_proj_scale=None,
 ):
     return _run_mamba(
         False,
@@ -400,6 +409,8 @@ def _mamba_mixer(
         bcdt_rms_eps,
         conv_state,
         ssm_state,
+        x_proj_scale,
+        dt_proj_scale,
     )
 
 
@@ -419,6 +430,8 @@ def mamba_mixer_cpu(
     bcdt_rms_eps=None,
     conv_state=None,
     ssm_state=None,
+    x_proj_scale=None,
+    dt_proj_scale=None,
 ):
     """Checked entry point: the op's shape rules, then the kernel."""
     check_mamba_mixer_args(
@@ -436,6 +449,8 @@ def mamba_mixer_cpu(
         conv_state,
         ssm_state,
         time_axis=True,
+        x_proj_scale=x_proj_scale,
+        dt_proj_scale=dt_proj_scale,
     )
     return _mamba_mixer(
         zx,
@@ -453,6 +468,8 @@ def mamba_mixer_cpu(
         bcdt_rms_eps,
         conv_state,
         ssm_state,
+        x_proj_scale,
+        dt_proj_scale,
     )
 
 
@@ -472,6 +489,8 @@ def _mamba_mixer_step(
     bcdt_rms_eps,
     conv_state,
     ssm_state,
+    x_proj_scale=None,
+    dt_proj_scale=None,
 ):
     return _run_mamba(
         True,
@@ -490,6 +509,8 @@ def _mamba_mixer_step(
         bcdt_rms_eps,
         conv_state,
         ssm_state,
+        x_proj_scale,
+        dt_proj_scale,
     )
 
 
@@ -509,6 +530,8 @@ def mamba_mixer_step_cpu(
     bcdt_rms_eps,
     conv_state,
     ssm_state,
+    x_proj_scale=None,
+    dt_proj_scale=None,
 ):
     """Checked entry point: the op's shape rules, then the kernel."""
     check_mamba_mixer_args(
@@ -526,6 +549,8 @@ def mamba_mixer_step_cpu(
         conv_state,
         ssm_state,
         time_axis=False,
+        x_proj_scale=x_proj_scale,
+        dt_proj_scale=dt_proj_scale,
     )
     return _mamba_mixer_step(
         zx,
@@ -543,6 +568,8 @@ def mamba_mixer_step_cpu(
         bcdt_rms_eps,
         conv_state,
         ssm_state,
+        x_proj_scale,
+        dt_proj_scale,
     )
 
 

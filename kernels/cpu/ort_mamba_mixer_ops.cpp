@@ -5,8 +5,12 @@
 //              z_offset, has_z, activation, delta_softplus, has_rms, rms_eps)
 //       -> y[b,l,d], conv_state, ssm_state
 //   MambaMixerStep: the same with zx[b,w] -> y[b,d], conv_state, ssm_state
+//   QuantizedMambaMixer(Step): the same with x_proj_weight / dt_proj_weight stored small (int8,
+//       bfloat16 or float16; float32 too) and two more inputs, x_proj_scale[E,Gx] and
+//       dt_proj_scale[d,Gd]: W = weight * scale per group (mixer_weight.h)
 //
 // with E = R + 2n. Every input's shape is checked before anything is read.
+#include <string>
 #include <vector>
 
 #include "contracts.h"
@@ -29,7 +33,28 @@ std::vector<float> transposed(const float* data, int64_t rows, int64_t cols, boo
   return out;
 }
 
-template <bool kStep>
+// A projection weight input (``at``) and, when quantized, its scale (``scale_at``).
+ssmcc::MixerWeight mixer_weight(const Inputs& in, Ort::KernelContext& ctx, size_t at,
+                                size_t scale_at, bool quantized, const char* scale_name,
+                                int64_t rows) {
+  if (!quantized) return {in.data(at), nullptr, ssmcc::kFloat32Storage, 1};
+  const auto value = ctx.GetInput(at);
+  const auto type = value.GetTensorTypeAndShapeInfo().GetElementType();
+  int storage = ssmcc::kFloat32Storage;
+  if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8)
+    storage = static_cast<int>(ssmcc::Storage::kInt8);
+  else if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16)
+    storage = static_cast<int>(ssmcc::Storage::kBFloat16);
+  else if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16)
+    storage = static_cast<int>(ssmcc::Storage::kFloat16);
+  else if (type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)
+    in.fail(std::string(scale_name) + "'s weight must be float, int8, bfloat16 or float16");
+  const int64_t groups = in.expect(scale_at, scale_name, {rows, kAny}, "(rows, G)")[1];
+  if (storage == ssmcc::kFloat32Storage) return {in.data(at), nullptr, storage, 1};
+  return {value.GetTensorRawData(), in.data(scale_at), storage, groups};
+}
+
+template <bool kStep, bool kQuantized>
 struct MambaMixerKernel {
   int64_t x_offset, z_offset, has_z, activation, softplus, has_rms;
   float rms_eps;
@@ -46,9 +71,10 @@ struct MambaMixerKernel {
   }
 
   void Compute(OrtKernelContext* raw) {
-    const char* op = kStep ? "MambaMixerStep" : "MambaMixer";
+    const char* op = kQuantized ? (kStep ? "QuantizedMambaMixerStep" : "QuantizedMambaMixer")
+                                : (kStep ? "MambaMixerStep" : "MambaMixer");
     Ort::KernelContext ctx(raw);
-    const Inputs in(ctx, op, 10);
+    const Inputs in(ctx, op, kQuantized ? 12 : 10);
     const Shape proj = kStep ? in.expect(0, "zx", {kAny, kAny}, "(b, w)")
                              : in.expect(0, "zx", {kAny, kAny, kAny}, "(b, l, w)");
     const int64_t batch = proj[0], length = kStep ? 1 : proj[1], width = proj.back();
@@ -68,19 +94,23 @@ struct MambaMixerKernel {
     const int64_t z_at = has_z ? z_offset : -1;
     in.require(ssmcc::check_mamba_mixer(op, batch, length, width, x_offset, z_at, d, kernel,
                                         rank, n));
+    const auto x_proj = mixer_weight(in, ctx, 3, 10, kQuantized, "x_proj_scale", E);
+    const auto dt_proj = mixer_weight(in, ctx, 4, 11, kQuantized, "dt_proj_scale", d);
+    in.require(ssmcc::check_mixer_weight(op, "x_proj", x_proj, d));
+    in.require(ssmcc::check_mixer_weight(op, "dt_proj", dt_proj, rank));
     auto y = ctx.GetOutput(0, kStep ? Shape{batch, d} : Shape{batch, length, d});
     auto conv_out = ctx.GetOutput(1, {batch, d, kernel - 1});
     auto ssm_out = ctx.GetOutput(2, {batch, d, n});
     const int64_t tokens = batch * length;
     std::vector<float> conv_t(kStep ? 0 : kernel * d);
     ssmcc::transpose_conv_weight(in.data(1), conv_t.data(), d, kernel, kStep);
-    const auto x_proj_t = transposed(in.data(3), E, d, kStep);
-    const auto dt_proj_t = transposed(in.data(4), d, rank, kStep);
+    const auto x_proj_t = ssmcc::mixer_weight_dense_t(x_proj, E, d, kStep);
+    const auto dt_proj_t = ssmcc::mixer_weight_dense_t(dt_proj, d, rank, kStep);
     const auto A_t = transposed(in.data(5), d, n, kStep);
     std::vector<float> xc(tokens * d), dbc(tokens * E), dt(tokens * d);
     const ssmcc::MambaMixerArgs a{
-        in.data(0), in.data(1), conv_t.data(), in.data(2), in.data(3), x_proj_t.data(),
-        in.data(4), dt_proj_t.data(), in.data(5), A_t.data(), in.data(6), in.data(7),
+        in.data(0), in.data(1), conv_t.data(), in.data(2), x_proj, x_proj_t.data(),
+        dt_proj, dt_proj_t.data(), in.data(5), A_t.data(), in.data(6), in.data(7),
         in.data(8), in.data(9), y.GetTensorMutableData<float>(),
         conv_out.GetTensorMutableData<float>(), ssm_out.GetTensorMutableData<float>(),
         xc.data(), dbc.data(), dt.data(), batch, length, width, x_offset, z_at, d, kernel, rank,
@@ -108,12 +138,46 @@ struct MambaMixerKernel {
   }
 };
 
-const FloatOp<Checked<MambaMixerKernel<false>>, 10, 3> kMambaMixer("MambaMixer");
-const FloatOp<Checked<MambaMixerKernel<true>>, 10, 3> kMambaMixerStep("MambaMixerStep");
+const FloatOp<Checked<MambaMixerKernel<false, false>>, 10, 3> kMambaMixer("MambaMixer");
+const FloatOp<Checked<MambaMixerKernel<true, false>>, 10, 3> kMambaMixerStep("MambaMixerStep");
+
+// The quantized forms: inputs 3 and 4 (the projection weights) of any storage, checked at run
+// time; every other input float32.
+template <bool kStep>
+struct QuantizedMixerOp : Ort::CustomOpBase<QuantizedMixerOp<kStep>,
+                                            Checked<MambaMixerKernel<kStep, true>>, true> {
+  using Kernel = Checked<MambaMixerKernel<kStep, true>>;
+  OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
+    try {
+      *kernel = new Kernel(api, info);
+      return nullptr;
+    } catch (const std::exception& error) {
+      return api.CreateStatus(ORT_INVALID_ARGUMENT, error.what());
+    }
+  }
+  const char* GetName() const {
+    return kStep ? "QuantizedMambaMixerStep" : "QuantizedMambaMixer";
+  }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return 12; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    return i == 3 || i == 4 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED
+                            : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  size_t GetOutputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetOutputType(size_t) const {
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+};
+
+const QuantizedMixerOp<false> kQuantizedMambaMixer;
+const QuantizedMixerOp<true> kQuantizedMambaMixerStep;
 
 }  // namespace
 
 void ssmcc::ort::add_mamba_mixer_ops(Ort::CustomOpDomain& domain) {
   domain.Add(&kMambaMixer);
   domain.Add(&kMambaMixerStep);
+  domain.Add(&kQuantizedMambaMixer);
+  domain.Add(&kQuantizedMambaMixerStep);
 }

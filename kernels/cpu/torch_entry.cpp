@@ -392,7 +392,8 @@ SSMCC_EXPORT int ssmcc_dequantize(const void* weight, int32_t storage, const flo
   });
 }
 
-// mamba_mixer (``step``: proj (b, w), length 1) and mamba_mixer_step.
+// mamba_mixer (``step``: proj (b, w), length 1) and mamba_mixer_step. x_proj / dt_proj: float32
+// (storage -1, no scale) or stored small with ``groups`` scales a row (storage as Storage).
 namespace {
 template <typename T>
 std::vector<float> transposed(const T* data, int64_t rows, int64_t cols, bool skip) {
@@ -404,23 +405,26 @@ std::vector<float> transposed(const T* data, int64_t rows, int64_t cols, bool sk
 }
 
 int mamba_mixer_entry(bool step, const float* proj, const float* conv_weight,
-                      const float* conv_bias, const float* x_proj, const float* dt_proj,
-                      const float* A, const float* D, const float* dt_bias,
-                      const float* conv_state, const float* ssm_state, float* y,
-                      float* conv_state_out, float* ssm_state_out, int64_t batch,
+                      const float* conv_bias, const ssmcc::MixerWeight& x_proj,
+                      const ssmcc::MixerWeight& dt_proj, const float* A, const float* D,
+                      const float* dt_bias, const float* conv_state, const float* ssm_state,
+                      float* y, float* conv_state_out, float* ssm_state_out, int64_t batch,
                       int64_t length, int64_t width, int64_t x_offset, int64_t z_offset,
                       int64_t channels, int64_t kernel, int64_t rank, int64_t dstate,
                       int32_t silu, int32_t softplus, int32_t rms, float rms_eps,
                       int32_t threads) {
   const char* op = step ? "mamba_mixer_step" : "mamba_mixer";
-  const auto contract = ssmcc::check_mamba_mixer(op, batch, length, width, x_offset, z_offset,
-                                                 channels, kernel, rank, dstate);
+  std::string contract = ssmcc::check_mamba_mixer(op, batch, length, width, x_offset, z_offset,
+                                                  channels, kernel, rank, dstate);
+  const int64_t E = rank + 2 * dstate;
+  if (contract.empty()) contract = ssmcc::check_mixer_weight(op, "x_proj", x_proj, channels);
+  if (contract.empty()) contract = ssmcc::check_mixer_weight(op, "dt_proj", dt_proj, rank);
   return guarded(contract, [&] {
-    const int64_t E = rank + 2 * dstate, tokens = batch * length;
+    const int64_t tokens = batch * length;
     std::vector<float> conv_t(step ? 0 : kernel * channels);
     ssmcc::transpose_conv_weight(conv_weight, conv_t.data(), channels, kernel, step);
-    const auto x_proj_t = transposed(x_proj, E, channels, step);
-    const auto dt_proj_t = transposed(dt_proj, channels, rank, step);
+    const auto x_proj_t = ssmcc::mixer_weight_dense_t(x_proj, E, channels, step);
+    const auto dt_proj_t = ssmcc::mixer_weight_dense_t(dt_proj, channels, rank, step);
     const auto A_t = transposed(A, channels, dstate, step);
     std::vector<float> xc(tokens * channels), dbc(tokens * E), dt(tokens * channels);
     const ssmcc::MambaMixerArgs a{
@@ -436,7 +440,6 @@ int mamba_mixer_entry(bool step, const float* proj, const float* conv_weight,
       ssmcc::conv_channels_last_step_rows(conv, 0, batch);
       std::vector<float> B(batch * dstate), C(batch * dstate), z(batch * channels);
       const ssmcc::MambaStep s{&a, B.data(), C.data(), z.data()};
-      const int64_t E = a.projected();
       // work per row in bytes read: the phases stream weights (and states) from memory
       parallel_rows(E, 4 * channels * batch, threads, [&](int64_t b, int64_t e) {
         ssmcc::mamba_step_project_rows(s, b, e);
@@ -461,35 +464,36 @@ int mamba_mixer_entry(bool step, const float* proj, const float* conv_weight,
 }
 }  // namespace
 
-SSMCC_EXPORT int ssmcc_mamba_mixer_f32(const float* proj, const float* conv_weight,
-                                       const float* conv_bias, const float* x_proj,
-                                       const float* dt_proj, const float* A, const float* D,
-                                       const float* dt_bias, const float* conv_state,
-                                       const float* ssm_state, float* y, float* conv_state_out,
-                                       float* ssm_state_out, int64_t batch, int64_t length,
-                                       int64_t width, int64_t x_offset, int64_t z_offset,
-                                       int64_t channels, int64_t kernel, int64_t rank,
-                                       int64_t dstate, int32_t silu, int32_t softplus,
-                                       int32_t rms, float rms_eps, int32_t threads) {
-  return mamba_mixer_entry(false, proj, conv_weight, conv_bias, x_proj, dt_proj, A, D, dt_bias,
-                           conv_state, ssm_state, y, conv_state_out, ssm_state_out, batch,
-                           length, width, x_offset, z_offset, channels, kernel, rank, dstate,
-                           silu, softplus, rms, rms_eps, threads);
+SSMCC_EXPORT int ssmcc_mamba_mixer_f32(
+    const float* proj, const float* conv_weight, const float* conv_bias, const void* x_proj,
+    const void* dt_proj, const float* A, const float* D, const float* dt_bias,
+    const float* conv_state, const float* ssm_state, float* y, float* conv_state_out,
+    float* ssm_state_out, int64_t batch, int64_t length, int64_t width, int64_t x_offset,
+    int64_t z_offset, int64_t channels, int64_t kernel, int64_t rank, int64_t dstate,
+    int32_t silu, int32_t softplus, int32_t rms, float rms_eps, const float* x_proj_scale,
+    int32_t x_proj_storage, int64_t x_proj_groups, const float* dt_proj_scale,
+    int32_t dt_proj_storage, int64_t dt_proj_groups, int32_t threads) {
+  return mamba_mixer_entry(false, proj, conv_weight, conv_bias,
+                           {x_proj, x_proj_scale, x_proj_storage, x_proj_groups},
+                           {dt_proj, dt_proj_scale, dt_proj_storage, dt_proj_groups}, A, D,
+                           dt_bias, conv_state, ssm_state, y, conv_state_out, ssm_state_out,
+                           batch, length, width, x_offset, z_offset, channels, kernel, rank,
+                           dstate, silu, softplus, rms, rms_eps, threads);
 }
 
-SSMCC_EXPORT int ssmcc_mamba_mixer_step_f32(const float* proj, const float* conv_weight,
-                                            const float* conv_bias, const float* x_proj,
-                                            const float* dt_proj, const float* A, const float* D,
-                                            const float* dt_bias, const float* conv_state,
-                                            const float* ssm_state, float* y,
-                                            float* conv_state_out, float* ssm_state_out,
-                                            int64_t batch, int64_t width, int64_t x_offset,
-                                            int64_t z_offset, int64_t channels, int64_t kernel,
-                                            int64_t rank, int64_t dstate, int32_t silu,
-                                            int32_t softplus, int32_t rms, float rms_eps,
-                                            int32_t threads) {
-  return mamba_mixer_entry(true, proj, conv_weight, conv_bias, x_proj, dt_proj, A, D, dt_bias,
-                           conv_state, ssm_state, y, conv_state_out, ssm_state_out, batch, 1,
-                           width, x_offset, z_offset, channels, kernel, rank, dstate, silu,
-                           softplus, rms, rms_eps, threads);
+SSMCC_EXPORT int ssmcc_mamba_mixer_step_f32(
+    const float* proj, const float* conv_weight, const float* conv_bias, const void* x_proj,
+    const void* dt_proj, const float* A, const float* D, const float* dt_bias,
+    const float* conv_state, const float* ssm_state, float* y, float* conv_state_out,
+    float* ssm_state_out, int64_t batch, int64_t width, int64_t x_offset, int64_t z_offset,
+    int64_t channels, int64_t kernel, int64_t rank, int64_t dstate, int32_t silu,
+    int32_t softplus, int32_t rms, float rms_eps, const float* x_proj_scale,
+    int32_t x_proj_storage, int64_t x_proj_groups, const float* dt_proj_scale,
+    int32_t dt_proj_storage, int64_t dt_proj_groups, int32_t threads) {
+  return mamba_mixer_entry(true, proj, conv_weight, conv_bias,
+                           {x_proj, x_proj_scale, x_proj_storage, x_proj_groups},
+                           {dt_proj, dt_proj_scale, dt_proj_storage, dt_proj_groups}, A, D,
+                           dt_bias, conv_state, ssm_state, y, conv_state_out, ssm_state_out,
+                           batch, 1, width, x_offset, z_offset, channels, kernel, rank, dstate,
+                           silu, softplus, rms, rms_eps, threads);
 }

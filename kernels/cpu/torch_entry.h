@@ -95,24 +95,23 @@ SSMCC_EXPORT int ssmcc_dequantize(const void* weight, int32_t storage, const flo
                                   float* out, int64_t out_features, int64_t in_features,
                                   int64_t groups, int32_t threads);
 
-SSMCC_EXPORT int ssmcc_mamba_mixer_f32(const float* proj, const float* conv_weight,
-                                       const float* conv_bias, const float* x_proj,
-                                       const float* dt_proj, const float* A, const float* D,
-                                       const float* dt_bias, const float* conv_state,
-                                       const float* ssm_state, float* y, float* conv_state_out,
-                                       float* ssm_state_out, int64_t batch, int64_t length,
-                                       int64_t width, int64_t x_offset, int64_t z_offset,
-                                       int64_t channels, int64_t kernel, int64_t rank,
-                                       int64_t dstate, int32_t silu, int32_t softplus, int32_t rms,
-                                       float rms_eps, int32_t threads);
+// x_proj / dt_proj: float32 (storage -1, scale null) or stored small (mixer_weight.h).
+SSMCC_EXPORT int ssmcc_mamba_mixer_f32(
+    const float* proj, const float* conv_weight, const float* conv_bias, const void* x_proj,
+    const void* dt_proj, const float* A, const float* D, const float* dt_bias,
+    const float* conv_state, const float* ssm_state, float* y, float* conv_state_out,
+    float* ssm_state_out, int64_t batch, int64_t length, int64_t width, int64_t x_offset,
+    int64_t z_offset, int64_t channels, int64_t kernel, int64_t rank, int64_t dstate,
+    int32_t silu, int32_t softplus, int32_t rms, float rms_eps, const float* x_proj_scale,
+    int32_t x_proj_storage, int64_t x_proj_groups, const float* dt_proj_scale,
+    int32_t dt_proj_storage, int64_t dt_proj_groups, int32_t threads);
 
-SSMCC_EXPORT int ssmcc_mamba_mixer_step_f32(const float* proj, const float* conv_weight,
-                                            const float* conv_bias, const float* x_proj,
-                                            const float* dt_proj, const float* A, const float* D,
-                                            const float* dt_bias, const float* conv_state,
-                                            const float* ssm_state, float* y, float* conv_state_out,
-                                            float* ssm_state_out, int64_t batch, int64_t width,
-                                            int64_t x_offset, int64_t z_offset, int64_t channels,
-                                            int64_t kernel, int64_t rank, int64_t dstate,
-                                            int32_t silu, int32_t softplus, int32_t rms,
-                                            float rms_eps, int32_t threads);
+SSMCC_EXPORT int ssmcc_mamba_mixer_step_f32(
+    const float* proj, const float* conv_weight, const float* conv_bias, const void* x_proj,
+    const void* dt_proj, const float* A, const float* D, const float* dt_bias,
+    const float* conv_state, const float* ssm_state, float* y, float* conv_state_out,
+    float* ssm_state_out, int64_t batch, int64_t width, int64_t x_offset, int64_t z_offset,
+    int64_t channels, int64_t kernel, int64_t rank, int64_t dstate, int32_t silu,
+    int32_t softplus, int32_t rms, float rms_eps, const float* x_proj_scale,
+    int32_t x_proj_storage, int64_t x_proj_groups, const float* dt_proj_scale,
+    int32_t dt_proj_storage, int64_t dt_proj_groups, int32_t threads);

@@ -406,7 +406,13 @@ def _mamba_mixer_node(
     bcdt_rms_eps,
     conv_state,
     ssm_state,
+    x_proj_scale=None,
+    dt_proj_scale=None,
 ):
+    """``node`` (MambaMixer or MambaMixerStep), or its quantized form ``quantized`` when both
+    projections have scales; one projection stored small alone is widened by ``ssmcc.Widen``
+    before a float node (quantize_weights stores both or, when another op reads one, neither)."""
+    node, quantized = node
     channels, width = conv_weight.shape
     state, batch = A.shape[1], _dim(zx, 0)
     constant = lambda v: op.Constant(value_ints=[int(v)])  # noqa: E731
@@ -415,6 +421,14 @@ def _mamba_mixer_node(
         conv_state = zeros(batch, channels, width - 1)
     if ssm_state is None:
         ssm_state = zeros(batch, channels, state)
+    scales = []
+    if x_proj_scale is not None and dt_proj_scale is not None:
+        node, scales = quantized, [x_proj_scale, dt_proj_scale]
+    else:
+        if x_proj_scale is not None:
+            x_proj_weight = SSMCC.Widen(x_proj_weight, x_proj_scale)
+        if dt_proj_scale is not None:
+            dt_proj_weight = SSMCC.Widen(dt_proj_weight, dt_proj_scale)
     return node(
         zx,
         conv_weight,
@@ -426,6 +440,7 @@ def _mamba_mixer_node(
         zeros(channels) if dt_bias is None else dt_bias,
         conv_state,
         ssm_state,
+        *scales,
         x_offset=int(x_offset),
         z_offset=max(int(z_offset), 0),
         has_z=int(z_offset >= 0),
@@ -453,9 +468,11 @@ def emit_mamba_mixer(
     bcdt_rms_eps=None,
     conv_state=None,
     ssm_state=None,
+    x_proj_scale=None,
+    dt_proj_scale=None,
 ):
     return _mamba_mixer_node(
-        SSMCC.MambaMixer,
+        (SSMCC.MambaMixer, SSMCC.QuantizedMambaMixer),
         zx,
         conv_weight,
         conv_bias,
@@ -471,6 +488,8 @@ def emit_mamba_mixer(
         bcdt_rms_eps,
         conv_state,
         ssm_state,
+        x_proj_scale,
+        dt_proj_scale,
     )
 
 
@@ -490,9 +509,11 @@ def emit_mamba_mixer_step(
     bcdt_rms_eps,
     conv_state,
     ssm_state,
+    x_proj_scale=None,
+    dt_proj_scale=None,
 ):
     return _mamba_mixer_node(
-        SSMCC.MambaMixerStep,
+        (SSMCC.MambaMixerStep, SSMCC.QuantizedMambaMixerStep),
         zx,
         conv_weight,
         conv_bias,
@@ -508,6 +529,8 @@ def emit_mamba_mixer_step(
         bcdt_rms_eps,
         conv_state,
         ssm_state,
+        x_proj_scale,
+        dt_proj_scale,
     )
 
 

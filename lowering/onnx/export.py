@@ -29,6 +29,8 @@ from ssmcc.lowering.onnx.functions import (
 from ssmcc.lowering.onnx.functions_mixer import (
     mamba_mixer_function,
     mamba_mixer_step_function,
+    quantized_mamba_mixer_function,
+    quantized_mamba_mixer_step_function,
     ssd_mixer_function,
     ssd_mixer_step_function,
 )
@@ -88,6 +90,13 @@ _CALLED = {
     "SsdMixerStep": ("CausalConv1dUpdate", "SsdStateUpdate", "RmsNormGated"),
     "MambaMixer": ("CausalConv1d", "SelectiveScan"),
     "MambaMixerStep": ("CausalConv1dUpdate", "SelectiveStateUpdate"),
+    "QuantizedMambaMixer": ("Widen", "MambaMixer", "CausalConv1d", "SelectiveScan"),
+    "QuantizedMambaMixerStep": (
+        "Widen",
+        "MambaMixerStep",
+        "CausalConv1dUpdate",
+        "SelectiveStateUpdate",
+    ),
 }
 
 
@@ -211,6 +220,8 @@ def lower_to_onnx(
         "SsdMixerStep": lambda: ssd_mixer_step_function(OPSET),
         "MambaMixer": lambda: mamba_mixer_function(OPSET),
         "MambaMixerStep": lambda: mamba_mixer_step_function(OPSET),
+        "QuantizedMambaMixer": lambda: quantized_mamba_mixer_function(OPSET),
+        "QuantizedMambaMixerStep": lambda: quantized_mamba_mixer_step_function(OPSET),
         "QuantizedLinear": lambda: quantized_linear_function(OPSET),
         "HalfLinear": lambda: half_linear_function(OPSET),
         "Widen": lambda: widen_function(OPSET),

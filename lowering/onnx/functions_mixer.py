@@ -18,6 +18,8 @@ Mamba-1 (``ssmcc.ops.mamba_mixer``; E = R + 2n)::
                    y = Transpose(y)
     MambaMixerStep: the same at one position, through CausalConv1dUpdate and
                    SelectiveStateUpdate.
+    QuantizedMambaMixer(Step): MambaMixer(Step)(..., ssmcc.Widen(x_proj_weight, x_proj_scale),
+                   ssmcc.Widen(dt_proj_weight, dt_proj_scale), ...)
 
 The called ops are model-local functions themselves (``functions.py``, ``functions_ssd.py``):
 a runtime without the ssmcc kernels inlines both levels (ONNX Runtime does; for others,
@@ -320,3 +322,32 @@ def mamba_mixer_step_function(opset: int) -> onnx.FunctionProto:
         has_z="has_z",
     )
     return _mamba_function("MambaMixerStep", body, opset)
+
+
+def _quantized_mamba_function(name: str, inner: str, opset: int) -> onnx.FunctionProto:
+    """``inner`` reading the two projection weights widened to float32 (``ssmcc.Widen``)."""
+    body = _Body("qm")
+    x_proj = body.op("Widen", "x_proj_weight", "x_proj_scale")
+    dt_proj = body.op("Widen", "dt_proj_weight", "dt_proj_scale")
+    body.nodes[-2].domain = body.nodes[-1].domain = DOMAIN
+    inputs = list(_MAMBA_INPUTS)
+    inputs[inputs.index("x_proj_weight")] = x_proj
+    inputs[inputs.index("dt_proj_weight")] = dt_proj
+    _call(body, inner, inputs, list(_OUTPUTS), **{a: a for a in _MAMBA_ATTRIBUTES})
+    return helper.make_function(
+        DOMAIN,
+        name,
+        _MAMBA_INPUTS + ["x_proj_scale", "dt_proj_scale"],
+        _OUTPUTS,
+        body.nodes,
+        [helper.make_opsetid("", opset), helper.make_opsetid(DOMAIN, VERSION)],
+        attributes=_MAMBA_ATTRIBUTES,
+    )
+
+
+def quantized_mamba_mixer_function(opset: int) -> onnx.FunctionProto:
+    return _quantized_mamba_function("QuantizedMambaMixer", "MambaMixer", opset)
+
+
+def quantized_mamba_mixer_step_function(opset: int) -> onnx.FunctionProto:
+    return _quantized_mamba_function("QuantizedMambaMixerStep", "MambaMixerStep", opset)

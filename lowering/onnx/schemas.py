@@ -44,6 +44,9 @@ The fused Mamba-1 mixer (E = R + 2n; see ``ssmcc.ops.mamba_mixer``)::
                ssm_state[b,d,n]; x_offset, z_offset, has_z, activation, delta_softplus, has_rms,
                rms_eps) -> y[b,l,d], conv_state, ssm_state
     MambaMixerStep: the same with zx[b,w] -> y[b,d], conv_state, ssm_state
+    QuantizedMambaMixer(Step): the same with x_proj_weight / dt_proj_weight stored small (int8,
+               bfloat16 or float16) and two more inputs, x_proj_scale[E,Gx], dt_proj_scale[d,Gd]
+               (W = weight * scale per group; ``ssmcc.ops.quantized_linear``)
 
 Registration is process-wide and idempotent.
 """
@@ -296,30 +299,46 @@ _MAMBA_MIXER_ATTRIBUTES = [
 ]
 
 
-def _mamba_mixer_schema(name: str, proj: str, y: str, doc: str) -> OpSchema:
+# a projection stored small, or float32 (with unit scales) beside one that is
+_STORED_TYPES = ["tensor(int8)", "tensor(bfloat16)", "tensor(float16)", "tensor(float)"]
+
+
+def _mamba_mixer_schema(
+    name: str, proj: str, y: str, doc: str, quantized: bool = False
+) -> OpSchema:
+    inputs = _inputs(
+        [
+            ("zx", proj),
+            ("conv_weight", "(d, k)"),
+            ("conv_bias", "(d,)"),
+            ("x_proj_weight", "(R + 2n, d)"),
+            ("dt_proj_weight", "(d, R)"),
+            ("A", "(d, n)"),
+            ("D", "(d,)"),
+            ("dt_bias", "(d,)"),
+            ("conv_state", "(b, d, k-1)"),
+            ("ssm_state", "(b, d, n)"),
+        ]
+    )
+    constraints = [("T", _FLOAT_TYPES, "floating point")]
+    if quantized:
+        inputs[3] = OpSchema.FormalParameter("x_proj_weight", "W", "(R + 2n, d) stored small")
+        inputs[4] = OpSchema.FormalParameter("dt_proj_weight", "V", "(d, R) stored small")
+        inputs += [
+            OpSchema.FormalParameter("x_proj_scale", "tensor(float)", "(R + 2n, Gx)"),
+            OpSchema.FormalParameter("dt_proj_scale", "tensor(float)", "(d, Gd)"),
+        ]
+        constraints += [("W", _STORED_TYPES, "x_proj storage"), ("V", _STORED_TYPES, "dt_proj")]
     return OpSchema(
         name,
         DOMAIN,
         VERSION,
         doc=doc,
-        inputs=_inputs(
-            [
-                ("zx", proj),
-                ("conv_weight", "(d, k)"),
-                ("conv_bias", "(d,)"),
-                ("x_proj_weight", "(R + 2n, d)"),
-                ("dt_proj_weight", "(d, R)"),
-                ("A", "(d, n)"),
-                ("D", "(d,)"),
-                ("dt_bias", "(d,)"),
-                ("conv_state", "(b, d, k-1)"),
-                ("ssm_state", "(b, d, n)"),
-            ]
-        ),
+        inputs=inputs,
         outputs=_inputs(
             [("y", y), ("conv_state_out", "(b, d, k-1)"), ("ssm_state_out", "(b, d, n)")]
         ),
-        type_constraints=[("T", _FLOAT_TYPES, "floating point")],
+        type_constraints=constraints,
         attributes=_MAMBA_MIXER_ATTRIBUTES,
     )
 
@@ -329,6 +348,20 @@ SCHEMAS += [
         "MambaMixer", "(b, l, w)", "(b, l, d)", "Fused Mamba-1 mixer (ssmcc.ops.mamba_mixer)."
     ),
     _mamba_mixer_schema("MambaMixerStep", "(b, w)", "(b, d)", "One position of MambaMixer."),
+    _mamba_mixer_schema(
+        "QuantizedMambaMixer",
+        "(b, l, w)",
+        "(b, l, d)",
+        "MambaMixer with x_proj / dt_proj stored small, widened in the kernel.",
+        quantized=True,
+    ),
+    _mamba_mixer_schema(
+        "QuantizedMambaMixerStep",
+        "(b, w)",
+        "(b, d)",
+        "One position of QuantizedMambaMixer.",
+        quantized=True,
+    ),
 ]
 
 

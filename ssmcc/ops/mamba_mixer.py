@@ -8,6 +8,7 @@ Shapes (b batch, l length, w projection width, d channels, k conv width, R dt ra
                                   (no gate when z_offset < 0)
     conv_weight    (d, k)         conv_bias (d,)?
     x_proj_weight  (R + 2n, d)    dt_proj_weight (d, R)
+    x_proj_scale   (R + 2n, Gx)?  dt_proj_scale  (d, Gd)?         (given: that weight stored small)
     A (d, n)   D (d,)?   dt_bias (d,)?   (dt_proj's bias, added inside the scan)
     conv_state     (b, d, k-1)?   ssm_state (b, d, n)?            (absent: zeros)
     -> y           (b, l, d)      dtype of zx, token-major (what the output projection reads)
@@ -23,6 +24,10 @@ Math: the unfused chain of Hugging Face's Mamba / FalconMamba mixer, in float32:
     dt            = dt_proj_weight @ dt_r^T                                          (b, d, l)
     y, ssm_state  = selective_scan(xc, dt, A, B^T, C^T, D, z^T, dt_bias, delta_softplus, ssm_state)
     y             = y^T                                                              (b, l, d)
+
+A projection weight with a scale is stored small (``ssmcc.ops.quantized_linear``: int8, bfloat16
+or float16, ``W[r, c] = weight[r, c] * scale[r, c // (cols / G)]``); ``quantize_weights`` makes
+them. The math above reads ``W``.
 
 ``mamba_mixer_step`` is the same at one position (``zx`` (b, w) -> ``y`` (b, d)), through
 ``causal_conv1d_update`` and ``selective_state_update``: the decode-time form.
@@ -42,6 +47,7 @@ from torch import Tensor
 from ssmcc.ops._shapes import expect, expect_rank, expect_same_shape, expect_vector, uses_silu
 from ssmcc.ops.causal_conv1d import causal_conv1d_ref, causal_conv1d_update_ref
 from ssmcc.ops.contracts import StateContract, StateSlot, register_state_contract
+from ssmcc.ops.quantized_linear import check_quantized_weight, dequantize_weight
 from ssmcc.ops.selective_scan import selective_scan_ref
 from ssmcc.ops.selective_state_update import selective_state_update_ref
 
@@ -76,13 +82,21 @@ def check_mamba_mixer_args(
     conv_state,
     ssm_state,
     time_axis: bool,
+    x_proj_scale=None,
+    dt_proj_scale=None,
 ):
     """The shape rules of both ops (``time_axis``: zx is (b, l, w), else (b, w))."""
     rank = 3 if time_axis else 2
     expect_rank(op, "zx", zx, (rank,), "(batch, length, width)" if time_axis else "(batch, width)")
     expect_rank(op, "conv_weight", conv_weight, (2,), "(channels, kernel_width)")
-    expect_rank(op, "x_proj_weight", x_proj_weight, (2,), "(dt_rank + 2 * state, channels)")
-    expect_rank(op, "dt_proj_weight", dt_proj_weight, (2,), "(channels, dt_rank)")
+    for name, weight, scale, layout in (
+        ("x_proj", x_proj_weight, x_proj_scale, "(dt_rank + 2 * state, channels)"),
+        ("dt_proj", dt_proj_weight, dt_proj_scale, "(channels, dt_rank)"),
+    ):
+        if scale is None:  # a float weight
+            expect_rank(op, f"{name}_weight", weight, (2,), layout)
+        else:  # stored small: int8 / bfloat16 / float16 (n, k) and its (n, G) scale
+            check_quantized_weight(f"{op} ({name}_weight)", weight, scale)
     expect_rank(op, "A", A, (2,), "(channels, state)")
     s = mamba_mixer_sizes(conv_weight, x_proj_weight, dt_proj_weight, A)
     d = s["channels"]
@@ -126,12 +140,18 @@ def _rms(v: Tensor, eps: float) -> Tensor:
     return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
 
 
-def _projections(xc: Tensor, x_proj_weight, dt_proj_weight, s: dict, bcdt_rms_eps):
-    """(dt (.., d), B (.., n), C (.., n)) from the conv output xc (.., d), token-major."""
-    dt_r, B, C = (xc @ x_proj_weight.float().T).split([s["rank"], s["state"], s["state"]], -1)
+def _dense(weight: Tensor, scale: Tensor | None) -> Tensor:
+    """A projection's float32 ``W``: the weight, or ``weight * scale`` per group."""
+    return weight.float() if scale is None else dequantize_weight(weight, scale)
+
+
+def _projections(xc: Tensor, x_proj, dt_proj, s: dict, bcdt_rms_eps):
+    """(dt (.., d), B (.., n), C (.., n)) from the conv output xc (.., d), token-major;
+    ``x_proj`` / ``dt_proj``: (weight, scale or None)."""
+    dt_r, B, C = (xc @ _dense(*x_proj).T).split([s["rank"], s["state"], s["state"]], -1)
     if bcdt_rms_eps is not None:
         dt_r, B, C = (_rms(v, bcdt_rms_eps) for v in (dt_r, B, C))
-    return dt_r @ dt_proj_weight.float().T, B, C
+    return dt_r @ _dense(*dt_proj).T, B, C
 
 
 def mamba_mixer_ref(
@@ -150,6 +170,8 @@ def mamba_mixer_ref(
     bcdt_rms_eps: float | None = None,
     conv_state: Tensor | None = None,
     ssm_state: Tensor | None = None,
+    x_proj_scale: Tensor | None = None,
+    dt_proj_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Reference: the unfused chain (see the module docstring), in float32."""
     check_mamba_mixer_args(
@@ -167,6 +189,8 @@ def mamba_mixer_ref(
         conv_state,
         ssm_state,
         time_axis=True,
+        x_proj_scale=x_proj_scale,
+        dt_proj_scale=dt_proj_scale,
     )
     s = mamba_mixer_sizes(conv_weight, x_proj_weight, dt_proj_weight, A)
     d, proj = s["channels"], zx.float()
@@ -175,7 +199,13 @@ def mamba_mixer_ref(
     xc, conv_last = causal_conv1d_ref(
         x.transpose(1, 2), conv_weight, conv_bias, conv_state, activation
     )
-    dt, B, C = _projections(xc.transpose(1, 2), x_proj_weight, dt_proj_weight, s, bcdt_rms_eps)
+    dt, B, C = _projections(
+        xc.transpose(1, 2),
+        (x_proj_weight, x_proj_scale),
+        (dt_proj_weight, dt_proj_scale),
+        s,
+        bcdt_rms_eps,
+    )
     y, ssm_last = selective_scan_ref(
         xc,
         dt.transpose(1, 2),
@@ -207,6 +237,8 @@ def mamba_mixer_step_ref(
     bcdt_rms_eps: float | None,
     conv_state: Tensor,
     ssm_state: Tensor,
+    x_proj_scale: Tensor | None = None,
+    dt_proj_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Reference: ``causal_conv1d_update``, the projections, ``selective_state_update``."""
     check_mamba_mixer_args(
@@ -224,13 +256,17 @@ def mamba_mixer_step_ref(
         conv_state,
         ssm_state,
         time_axis=False,
+        x_proj_scale=x_proj_scale,
+        dt_proj_scale=dt_proj_scale,
     )
     s = mamba_mixer_sizes(conv_weight, x_proj_weight, dt_proj_weight, A)
     d, proj = s["channels"], zx.float()
     x = proj[..., x_offset : x_offset + d]
     z = None if z_offset < 0 else proj[..., z_offset : z_offset + d]
     xc, conv_new = causal_conv1d_update_ref(x, conv_state, conv_weight, conv_bias, activation)
-    dt, B, C = _projections(xc, x_proj_weight, dt_proj_weight, s, bcdt_rms_eps)
+    dt, B, C = _projections(
+        xc, (x_proj_weight, x_proj_scale), (dt_proj_weight, dt_proj_scale), s, bcdt_rms_eps
+    )
     y, ssm_new = selective_state_update_ref(
         ssm_state, xc, dt, A, B, C, D, z, dt_bias, delta_softplus
     )
@@ -254,6 +290,8 @@ def mamba_mixer(
     bcdt_rms_eps: float | None = None,
     conv_state: Tensor | None = None,
     ssm_state: Tensor | None = None,
+    x_proj_scale: Tensor | None = None,
+    dt_proj_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The fused Mamba-1 mixer; returns ``(y, conv_state, ssm_state)``. See the module docstring."""
     return mamba_mixer_ref(
@@ -272,6 +310,8 @@ def mamba_mixer(
         bcdt_rms_eps,
         conv_state,
         ssm_state,
+        x_proj_scale,
+        dt_proj_scale,
     )
 
 
@@ -302,6 +342,8 @@ def _mamba_mixer_fake(
     bcdt_rms_eps=None,
     conv_state=None,
     ssm_state=None,
+    x_proj_scale=None,
+    dt_proj_scale=None,
 ):
     check_mamba_mixer_args(
         OP,
@@ -318,6 +360,8 @@ def _mamba_mixer_fake(
         conv_state,
         ssm_state,
         time_axis=True,
+        x_proj_scale=x_proj_scale,
+        dt_proj_scale=dt_proj_scale,
     )
     uses_silu(OP, activation)
     return _outputs(zx, conv_weight, x_proj_weight, dt_proj_weight, A, tuple(zx.shape[:2]))
@@ -340,6 +384,8 @@ def mamba_mixer_step(
     bcdt_rms_eps: float | None,
     conv_state: Tensor,
     ssm_state: Tensor,
+    x_proj_scale: Tensor | None = None,
+    dt_proj_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One position of ``mamba_mixer`` from given states: ``(y (b, d), conv_state, ssm_state)``."""
     return mamba_mixer_step_ref(
@@ -358,6 +404,8 @@ def mamba_mixer_step(
         bcdt_rms_eps,
         conv_state,
         ssm_state,
+        x_proj_scale,
+        dt_proj_scale,
     )
 
 
@@ -378,6 +426,8 @@ def _mamba_mixer_step_fake(
     bcdt_rms_eps,
     conv_state,
     ssm_state,
+    x_proj_scale=None,
+    dt_proj_scale=None,
 ):
     check_mamba_mixer_args(
         "mamba_mixer_step",
@@ -394,6 +444,8 @@ def _mamba_mixer_step_fake(
         conv_state,
         ssm_state,
         time_axis=False,
+        x_proj_scale=x_proj_scale,
+        dt_proj_scale=dt_proj_scale,
     )
     uses_silu("mamba_mixer_step", activation)
     return _outputs(zx, conv_weight, x_proj_weight, dt_proj_weight, A, (zx.shape[0],))
