@@ -162,6 +162,49 @@ struct StepArgs {
 };
 
 using tuning::kStepBlock;
+constexpr int kStepRows = 4;  // rows of a state update interleaved (state_update_vector_rows)
+
+// Rows row0 .. row0 + G - 1 of selective_state_update with n a multiple of the vector width
+// (vector_math.h's inline exp): the G rows' chains interleaved. One row at a time, the exp and
+// the lane sum of a row (n = 16: two vectors) wait on each other; G independent rows keep the
+// FP units busy (mamba-130m's step, one Zen 3 core: 35 -> 24 us; 2 and 8 rows measured alike).
+template <int G>
+inline void state_update_vector_rows(const StepArgs& a, int64_t row0, const float* dt_block,
+                                     const float* gate_block) {
+  using gemm::vfloat;
+  const int64_t n_state = a.dstate;
+  const int64_t per_group_b = a.dim / a.groups_b, per_group_c = a.dim / a.groups_c;
+  const float *A[G], *B[G], *C[G], *h[G];
+  float* hn[G];
+  float du[G];
+  vfloat acc[G];
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) {
+    const int64_t row = row0 + g, b = row / a.dim, c = row % a.dim;
+    A[g] = a.A + c * n_state;
+    B[g] = a.B + (b * a.groups_b + c / per_group_b) * n_state;
+    C[g] = a.C + (b * a.groups_c + c / per_group_c) * n_state;
+    h[g] = a.state + row * n_state;
+    hn[g] = a.new_state + row * n_state;
+    du[g] = dt_block[g] * a.x[row];
+    acc[g] = vfloat{};
+  }
+  for (int64_t i = 0; i < n_state; i += gemm::kLanes) {
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      const vfloat hi = exp_vector(dt_block[g] * gemm::load(A[g] + i)) * gemm::load(h[g] + i) +
+                        du[g] * gemm::load(B[g] + i);
+      gemm::store(hn[g] + i, hi);
+      acc[g] += hi * gemm::load(C[g] + i);
+    }
+  }
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) {
+    const int64_t row = row0 + g;
+    const float y = lane_sum(acc[g]) + (a.D ? a.D[row % a.dim] : 0.f) * a.x[row];
+    a.out[row] = a.z ? y * gate_block[g] : y;
+  }
+}
 
 inline void selective_state_update_rows(const StepArgs& a, int64_t row_begin, int64_t row_end) {
   const int64_t n_state = a.dstate;
@@ -184,8 +227,17 @@ inline void selective_state_update_rows(const StepArgs& a, int64_t row_begin, in
         gemm::store(gate_block + r, silu_vector(gemm::load(a.z + first + r)));
       for (int64_t r = whole; r < count; ++r) gate_block[r] = silu(a.z[first + r]);
     }
-    for (int64_t r = 0; r < count; ++r) {
-      const int64_t row = first + r, b = row / a.dim, c = row % a.dim;
+    int64_t r = 0;
+    if (n_state % gemm::kLanes == 0)  // whole vectors (Mamba-1's n = 16): rows interleaved
+      for (; r + kStepRows <= count; r += kStepRows)
+        state_update_vector_rows<kStepRows>(a, first + r, dt_block + r, gate_block + r);
+    for (; r < count; ++r) {
+      const int64_t row = first + r;
+      if (n_state % gemm::kLanes == 0) {
+        state_update_vector_rows<1>(a, row, dt_block + r, gate_block + r);
+        continue;
+      }
+      const int64_t b = row / a.dim, c = row % a.dim;
       const float dt = dt_block[r], xv = a.x[row], du = dt * xv;
       const float* A = a.A + c * n_state;
       const float* B = a.B + (b * a.groups_b + c / per_group_b) * n_state;
@@ -193,22 +245,11 @@ inline void selective_state_update_rows(const StepArgs& a, int64_t row_begin, in
       const float* h = a.state + row * n_state;
       float* hn = a.new_state + row * n_state;
       float y = 0.f;
-      if (n_state % gemm::kLanes == 0) {  // whole vectors (Mamba-1's n = 16): inline exp
-        gemm::vfloat acc{};
-        for (int64_t i = 0; i < n_state; i += gemm::kLanes) {
-          const gemm::vfloat hi = exp_vector(dt * gemm::load(A + i)) * gemm::load(h + i) +
-                                  du * gemm::load(B + i);
-          gemm::store(hn + i, hi);
-          acc += hi * gemm::load(C + i);
-        }
-        y = lane_sum(acc);
-      } else {
 #pragma omp simd reduction(+ : y)
-        for (int64_t i = 0; i < n_state; ++i) {
-          const float hi = std::exp(dt * A[i]) * h[i] + du * B[i];
-          hn[i] = hi;
-          y += hi * C[i];
-        }
+      for (int64_t i = 0; i < n_state; ++i) {
+        const float hi = std::exp(dt * A[i]) * h[i] + du * B[i];
+        hn[i] = hi;
+        y += hi * C[i];
       }
       y += (a.D ? a.D[c] : 0.f) * xv;
       a.out[row] = a.z ? y * gate_block[r] : y;
