@@ -15,7 +15,7 @@ Rules:
   and ``mamba_mixer_step``) -> the stored weight, the call given ``x_proj_scale`` /
   ``dt_proj_scale`` (14% of mamba-130m's int8 bytes were these two, read every token). A group
   scheme whose group does not divide such a weight's columns (dt_proj's rank R: 48 at 130m)
-  stores it int8 per output channel instead (noted in the diagnostics).
+  stores it int8 per output channel instead (``ctx.diagnostics["quantize_weights_notes"]``).
 - ``tied``: a weight read by both (an LM head tied to the embedding) is quantised once; its rows
   are the head's output channels, so the one (Wq, scale) pair serves both.
 
@@ -131,7 +131,8 @@ def quantize_weights(program: ExportedProgram, ctx: PassContext) -> PassResult:
     fake_mode = detect_fake_mode([n.meta.get("val") for n in placeholders])
     first_input = next(n for n in placeholders if n.name not in weights)
     hits: Counter = Counter()
-    reasons = ctx.diagnostics.setdefault("quantize_weights", [])
+    reasons = ctx.diagnostics.setdefault("quantize_weights", [])  # weights kept, and why
+    notes = ctx.diagnostics.setdefault("quantize_weights_notes", [])  # stored otherwise, and why
     new_specs: dict[str, InputSpec] = {}
     state_dict = dict(program.state_dict)
     others: Counter = Counter()  # weights no linear or embedding reads: by op, bytes
@@ -150,7 +151,7 @@ def quantize_weights(program: ExportedProgram, ctx: PassContext) -> PassResult:
             continue
         applied = _mixer_scheme(kinds, tensor, scheme)
         if applied != scheme:
-            reasons.append(
+            notes.append(
                 f"{spec.target} {tuple(tensor.shape)} stored {applied}: its {tensor.shape[-1]} "
                 f"columns are not a multiple of {scheme}'s group"
             )

@@ -97,6 +97,7 @@ def quantize_program(program, scheme: str, ctx: PassContext, accuracy_inputs: tu
             "bytes_before": _weight_bytes(program),
             "bytes_after": _weight_bytes(quantized),
             "kept": list(ctx.diagnostics.get("quantize_weights", [])),
+            "notes": list(ctx.diagnostics.get("quantize_weights_notes", [])),
             "accuracy": quantization_accuracy(expected, quantized, accuracy_inputs),
         },
         report.records,

@@ -64,7 +64,7 @@ _NODES = {  # op -> (ONNX op type, node inputs, number of outputs)
     "mamba_mixer_step": ("MambaMixerStep", _MAMBA_MIXER_INPUTS, 3),
 }
 _SCALES = ("x_proj_scale", "dt_proj_scale")
-# a mixer with a projection stored small: its quantized node (the float one, if any, unit scales)
+# a mixer with both projections stored small: its quantized node
 _QUANTIZED = {
     op: (f"Quantized{op_type}", inputs + _SCALES, count)
     for op, (op_type, inputs, count) in _NODES.items()
@@ -72,9 +72,16 @@ _QUANTIZED = {
 }
 
 
-def _node(case_op: str, feed: dict) -> tuple:
-    """(op type, inputs, outputs) of the case's node."""
-    return (_QUANTIZED if "x_proj_scale" in feed else _NODES)[case_op]
+def _node(op: str, names) -> tuple:
+    """(op type, node inputs, outputs, projections widened first) for the inputs ``names``: as
+    the emitter does, both projections stored small -> the quantized node; one -> ssmcc.Widen
+    of it (its output ``<name>_dense``) before the float node."""
+    stored = [s.removesuffix("_scale") for s in _SCALES if s in names]
+    if len(stored) == 2:
+        return (*_QUANTIZED[op], [])
+    op_type, inputs, count = _NODES[op]
+    dense = {f"{n}_weight": f"{n}_dense" for n in stored}
+    return op_type, tuple(dense.get(i, i) for i in inputs), count, stored
 
 
 def _common_groups(B: torch.Tensor, C: torch.Tensor, grouped_rank: int):
@@ -151,12 +158,7 @@ def _mixer_form(op: str, a: dict) -> dict:
 
 
 def _mamba_mixer_form(a: dict) -> dict:
-    """Neutral values for absent inputs; a projection stored small keeps its storage (the other
-    one, if float, gets unit scales: the quantized node takes both)."""
-    if any(a.get(name) is not None for name in _SCALES):
-        for name in ("x_proj", "dt_proj"):
-            if a.get(f"{name}_scale") is None:
-                a[f"{name}_scale"] = torch.ones(a[f"{name}_weight"].shape[0], 1)
+    """Neutral values for absent inputs (a projection stored small keeps its storage)."""
     channels, width = a["conv_weight"].shape
     batch, state = a["zx"].shape[0], a["A"].shape[1]
     for name in ("conv_bias", "D", "dt_bias"):
@@ -207,15 +209,18 @@ def node_form(case: Case) -> tuple[dict, dict]:
         a["bias"] = torch.zeros(dim) if a["bias"] is None else a["bias"]
         if case.op == "causal_conv1d" and a["initial_state"] is None:
             a["initial_state"] = torch.zeros(a["x"].shape[0], dim, width - 1)
-    names = _node(case.op, a)[1]
+    op_type, names, _, widened = _node(case.op, [k for k, v in a.items() if v is not None])
+    names = [n for n in names if not n.endswith("_dense")]
+    names += [f"{n}_{part}" for n in widened for part in ("weight", "scale")]
     return {k: np.ascontiguousarray(a[k].numpy()) for k in names}, attrs
 
 
 _SESSIONS: dict = {}
 
 
-def _functions(op: str, width: int | None, quantized: bool = False) -> list:
-    """The model-local functions the op's node needs (a fused op's body calls others)."""
+def _functions(op: str, width: int | None, quantized: bool = False, widen: bool = False) -> list:
+    """The model-local functions the op's node needs (a fused op's body calls others; ``widen``:
+    ssmcc.Widen nodes before it)."""
     from ssmcc.lowering.onnx import functions, functions_mixer, functions_ssd
     from ssmcc.lowering.onnx import quantized as q
     from ssmcc.lowering.onnx.export import OPSET
@@ -226,6 +231,8 @@ def _functions(op: str, width: int | None, quantized: bool = False) -> list:
             "mamba_mixer_step": functions_mixer.quantized_mamba_mixer_step_function,
         }[op]
         return [outer(OPSET), q.widen_function(OPSET), *_functions(op, width)]
+    if widen:
+        return [q.widen_function(OPSET), *_functions(op, width)]
 
     bodies = {
         "selective_scan": lambda: [functions.selective_scan_function(OPSET)],
@@ -281,8 +288,10 @@ def session(
         from ssmcc.lowering.onnx.runtime import custom_op_library
         from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
 
-        quantized = "x_proj_scale" in ranks
-        op_type, inputs, count = (_QUANTIZED if quantized else _NODES)[op]
+        op_type, inputs, count, widened = (
+            _node(op, ranks) if op in _QUANTIZED else (*_NODES[op], [])
+        )
+        quantized = op_type.startswith("Quantized")
         outputs = ["out", "state_out", "state2_out"][:count]
         element = dict(types)
         value = lambda name: helper.make_tensor_value_info(  # noqa: E731
@@ -290,14 +299,20 @@ def session(
             element.get(name, TensorProto.FLOAT),
             [f"{name}_{axis}" for axis in range(ranks[name])],
         )
-        node = helper.make_node(op_type, list(inputs), outputs, domain=DOMAIN, **attrs)
+        nodes = [
+            helper.make_node("Widen", [f"{n}_weight", f"{n}_scale"], [f"{n}_dense"], domain=DOMAIN)
+            for n in widened
+        ]
+        nodes.append(helper.make_node(op_type, list(inputs), outputs, domain=DOMAIN, **attrs))
+        graph_inputs = [n for n in inputs if not n.endswith("_dense")]
+        graph_inputs += [f"{n}_{part}" for n in widened for part in ("weight", "scale")]
         graph = helper.make_graph(
-            [node], f"fuzz_{op}", [value(n) for n in inputs], [value(n) for n in outputs]
+            nodes, f"fuzz_{op}", [value(n) for n in graph_inputs], [value(n) for n in outputs]
         )
         model = helper.make_model(
             graph,
             opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, VERSION)],
-            functions=_functions(op, width, quantized),
+            functions=_functions(op, width, quantized, bool(widened)),
         )
         options = ort.SessionOptions()
         options.intra_op_num_threads = 2

@@ -114,7 +114,12 @@ def test_the_mixer_cases_store_projections_small():
         if c.args.get(f"{name}_scale") is not None
     ]
     assert {t.dtype for t in stored} == {torch.int8, torch.float16, torch.bfloat16}
-    groups = {s.shape[1] for s in scales["x_proj"] + scales["dt_proj"] if s is not None}
+    groups = {  # of the int8 ones: per row (1) and per group of columns
+        c.args[f"{name}_scale"].shape[1]
+        for c in mixers
+        for name in ("x_proj", "dt_proj")
+        if c.args[f"{name}_weight"].dtype == torch.int8
+    }
     assert 1 in groups and max(groups) > 1
     pairs = list(zip(scales["x_proj"], scales["dt_proj"], strict=True))
     assert any((x is None) != (d is None) for x, d in pairs)

@@ -6,7 +6,7 @@
 // per output channel). Decode reads every weight once per token, so bytes are time: the weights
 // stream in their small form and are widened in registers (int8 -> int32 -> float, bfloat16 by
 // a 16-bit shift, float16 by F16C's conversion), one row of W at a time read front to back
-// (quantized_gemv_row: one sequential stream, prefetched ahead), scaled once per group. Threads
+// (quantized_gemv_rows_of: one sequential stream, prefetched ahead), scaled once per group. Threads
 // split the rows in tasks of kQuantizedBlock. ``dequantize_rows`` widens whole rows to float32
 // for the matrix-matrix products of prefill (done by a float32 GEMM).
 #pragma once
@@ -91,52 +91,75 @@ inline float widen_one(uint16_t w) {
   return out;
 }
 
-// Outputs n0 .. n0 + R - 1 of row m of x: R rows of W streamed together, the next R rows
-// prefetched meanwhile (see kPrefetchLine).
-// Output n of row m of x: the weight row read front to back, kUnroll accumulators along k, the
-// row kQuantizedPrefetch bytes ahead asked for meanwhile. One row at a time keeps the weights one
-// sequential stream: blocks of 8 rows read side by side (8 streams a row apart) moved 21-23 GB/s
-// on two Zen 3 cores where this moves 26-29 (a plain read: 36); with weights in L2 it computes
-// 18 G weights/s a core.
-template <typename W>
-inline void quantized_gemv_row(const QuantizedGemvArgs<W>& a, int64_t n, int64_t m) {
-  constexpr int64_t L = gemm::kLanes, U = kQuantizedUnroll;
+// Output n of MB rows m .. m + MB - 1 of x: the weight row read front to back once (one
+// sequential stream, kQuantizedPrefetch bytes ahead asked for meanwhile), each weight vector
+// widened once for the MB rows, kQuantizedUnroll / MB accumulators a row of x along k so that
+// kQuantizedUnroll FMA chains hide the FMA latency. Measured on one Zen 3 core and two:
+//   - blocks of 8 weight rows read side by side (8 streams a row apart), the old form, moved
+//     21-23 GB/s of int8 weights on two cores where one row at a time moves 26-29 (a plain read
+//     of memory: 36); with weights in L2 a core computes 18 G weights/s;
+//   - widening per row of x (a batched decode step) cost as much as the products: 4 rows of x
+//     took 3.2x the time of one, 2.6x in fours; pairs (2 accumulators a row) were slower than
+//     two single rows (the second reads the weight row from L1), so the rest go one at a time.
+template <int MB, typename W>
+inline void quantized_gemv_rows_of(const QuantizedGemvArgs<W>& a, int64_t n, int64_t m) {
+  constexpr int64_t L = gemm::kLanes, U = MB >= kQuantizedUnroll ? 1 : kQuantizedUnroll / MB;
   constexpr int64_t ahead = kQuantizedPrefetch / static_cast<int64_t>(sizeof(W));
+  constexpr int64_t line = kPrefetchLine / static_cast<int64_t>(sizeof(W));
   const int64_t K = a.in_features, G = a.groups, g = K / G;
   const int64_t unrolled = g - g % (L * U), full = g - g % L;
-  const float* x = a.x + m * K;
-  gemm::vfloat total = {};
-  float tail = 0.f;
+  gemm::vfloat total[MB];
+  float tail[MB];
+#pragma GCC unroll 8
+  for (int j = 0; j < MB; ++j) total[j] = gemm::vfloat{}, tail[j] = 0.f;
   for (int64_t group = 0; group < G; ++group) {
     const int64_t k0 = group * g;
     const W* w = a.weight + n * K + k0;
-    const float* xg = x + k0;
-    gemm::vfloat acc[U];
+    const float* x = a.x + m * K + k0;
+    gemm::vfloat acc[MB][U];
 #pragma GCC unroll 8
-    for (int u = 0; u < U; ++u) acc[u] = gemm::vfloat{};
+    for (int j = 0; j < MB; ++j)
+#pragma GCC unroll 8
+      for (int u = 0; u < U; ++u) acc[j][u] = gemm::vfloat{};
     int64_t k = 0;
     for (; k < unrolled; k += L * U) {
-      prefetch(w + k + ahead);
+      if ((L * U) >= line || k % line == 0) prefetch(w + k + ahead);
 #pragma GCC unroll 8
-      for (int u = 0; u < U; ++u) acc[u] += widen(w + k + u * L) * gemm::load(xg + k + u * L);
+      for (int u = 0; u < U; ++u) {
+        const gemm::vfloat wide = widen(w + k + u * L);
+#pragma GCC unroll 8
+        for (int j = 0; j < MB; ++j) acc[j][u] += wide * gemm::load(x + j * K + k + u * L);
+      }
     }
-    for (; k < full; k += L) acc[0] += widen(w + k) * gemm::load(xg + k);
+    for (; k < full; k += L) {
+      const gemm::vfloat wide = widen(w + k);
 #pragma GCC unroll 8
-    for (int u = 1; u < U; ++u) acc[0] += acc[u];
+      for (int j = 0; j < MB; ++j) acc[j][0] += wide * gemm::load(x + j * K + k);
+    }
     const float s = a.scale[n * G + group];
-    total += acc[0] * s;
-    float rest = 0.f;
-    for (; k < g; ++k) rest += widen_one(w[k]) * xg[k];
-    tail += rest * s;
+#pragma GCC unroll 8
+    for (int j = 0; j < MB; ++j) {
+#pragma GCC unroll 8
+      for (int u = 1; u < U; ++u) acc[j][0] += acc[j][u];
+      total[j] += acc[j][0] * s;
+      float rest = 0.f;
+      for (int64_t r = k; r < g; ++r) rest += widen_one(w[r]) * x[j * K + r];
+      tail[j] += rest * s;
+    }
   }
-  a.y[m * a.out_features + n] = lane_sum(total) + tail + (a.bias ? a.bias[n] : 0.f);
+#pragma GCC unroll 8
+  for (int j = 0; j < MB; ++j)
+    a.y[(m + j) * a.out_features + n] = lane_sum(total[j]) + tail[j] + (a.bias ? a.bias[n] : 0.f);
 }
 
-// Output columns [n_begin, n_end) of every row of x.
+// Output columns [n_begin, n_end) of every row of x, the rows of x in fours, the rest one by one.
 template <typename W>
 void quantized_gemv_rows(const QuantizedGemvArgs<W>& a, int64_t n_begin, int64_t n_end) {
-  for (int64_t n = n_begin; n < n_end; ++n)
-    for (int64_t m = 0; m < a.rows; ++m) quantized_gemv_row(a, n, m);
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    int64_t m = 0;
+    for (; m + 4 <= a.rows; m += 4) quantized_gemv_rows_of<4>(a, n, m);
+    for (; m < a.rows; ++m) quantized_gemv_rows_of<1>(a, n, m);
+  }
 }
 
 // Rows [n_begin, n_end) of W as float32 into ``out`` (N x K).

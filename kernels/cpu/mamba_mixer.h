@@ -14,10 +14,9 @@
 // x_proj and dt_proj may be stored small (mixer_weight.h): the step's products read them so, the
 // sequence path's GEMMs read the float32 transposes the caller widens once per call.
 //
-// The step form: the conv update, x_proj and dt_proj as matrix-vector products (gemv.h) and one
-// selective_state_update (ssm_kernels.h), phases split over threads (MambaStep below). Scratch:
-// xc, dbc, dt. Sizes satisfy
-// check_mamba_mixer (contracts.h).
+// The step form: the conv update, x_proj and dt_proj as matrix-vector products (mixer_weight.h)
+// and one selective_state_update (ssm_kernels.h), phases split over threads (MambaStep below).
+// Scratch: xc, dbc, dt. Sizes satisfy check_mamba_mixer (contracts.h).
 #pragma once
 
 #include <algorithm>

@@ -6,8 +6,8 @@
 //       -> y[b,l,d], conv_state, ssm_state
 //   MambaMixerStep: the same with zx[b,w] -> y[b,d], conv_state, ssm_state
 //   QuantizedMambaMixer(Step): the same with x_proj_weight / dt_proj_weight stored small (int8,
-//       bfloat16 or float16; float32 too) and two more inputs, x_proj_scale[E,Gx] and
-//       dt_proj_scale[d,Gd]: W = weight * scale per group (mixer_weight.h)
+//       bfloat16 or float16) and two more inputs, x_proj_scale[E,Gx] and dt_proj_scale[d,Gd]:
+//       W = weight * scale per group (mixer_weight.h)
 //
 // with E = R + 2n. Every input's shape is checked before anything is read.
 #include <string>
@@ -33,24 +33,24 @@ std::vector<float> transposed(const float* data, int64_t rows, int64_t cols, boo
   return out;
 }
 
-// A projection weight input (``at``) and, when quantized, its scale (``scale_at``).
+// A projection weight input (``at``, ``name``) and, when quantized, its scale (``scale_at``).
 ssmcc::MixerWeight mixer_weight(const Inputs& in, Ort::KernelContext& ctx, size_t at,
-                                size_t scale_at, bool quantized, const char* scale_name,
-                                int64_t rows) {
+                                size_t scale_at, bool quantized, const char* name,
+                                const char* scale_name, int64_t rows) {
   if (!quantized) return {in.data(at), nullptr, ssmcc::kFloat32Storage, 1};
   const auto value = ctx.GetInput(at);
   const auto type = value.GetTensorTypeAndShapeInfo().GetElementType();
-  int storage = ssmcc::kFloat32Storage;
+  int storage;
   if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8)
     storage = static_cast<int>(ssmcc::Storage::kInt8);
   else if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16)
     storage = static_cast<int>(ssmcc::Storage::kBFloat16);
   else if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16)
     storage = static_cast<int>(ssmcc::Storage::kFloat16);
-  else if (type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)
-    in.fail(std::string(scale_name) + "'s weight must be float, int8, bfloat16 or float16");
+  else
+    in.fail(std::string(name) + " must be int8, bfloat16 or float16 (a float32 projection goes "
+            "to MambaMixer / MambaMixerStep, widened by Widen when the other one is stored small)");
   const int64_t groups = in.expect(scale_at, scale_name, {rows, kAny}, "(rows, G)")[1];
-  if (storage == ssmcc::kFloat32Storage) return {in.data(at), nullptr, storage, 1};
   return {value.GetTensorRawData(), in.data(scale_at), storage, groups};
 }
 
@@ -94,8 +94,10 @@ struct MambaMixerKernel {
     const int64_t z_at = has_z ? z_offset : -1;
     in.require(ssmcc::check_mamba_mixer(op, batch, length, width, x_offset, z_at, d, kernel,
                                         rank, n));
-    const auto x_proj = mixer_weight(in, ctx, 3, 10, kQuantized, "x_proj_scale", E);
-    const auto dt_proj = mixer_weight(in, ctx, 4, 11, kQuantized, "dt_proj_scale", d);
+    const auto x_proj =
+        mixer_weight(in, ctx, 3, 10, kQuantized, "x_proj_weight", "x_proj_scale", E);
+    const auto dt_proj =
+        mixer_weight(in, ctx, 4, 11, kQuantized, "dt_proj_weight", "dt_proj_scale", d);
     in.require(ssmcc::check_mixer_weight(op, "x_proj", x_proj, d));
     in.require(ssmcc::check_mixer_weight(op, "dt_proj", dt_proj, rank));
     auto y = ctx.GetOutput(0, kStep ? Shape{batch, d} : Shape{batch, length, d});

@@ -299,8 +299,7 @@ _MAMBA_MIXER_ATTRIBUTES = [
 ]
 
 
-# a projection stored small, or float32 (with unit scales) beside one that is
-_STORED_TYPES = ["tensor(int8)", "tensor(bfloat16)", "tensor(float16)", "tensor(float)"]
+_STORED_TYPES = ["tensor(int8)", "tensor(bfloat16)", "tensor(float16)"]
 
 
 def _mamba_mixer_schema(

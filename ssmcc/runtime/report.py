@@ -82,4 +82,5 @@ def _quantization_lines(q: dict) -> list[str]:
             f"{accuracy['prompts']} prompts)"
         )
     lines += [f"  kept:         {line}" for line in q.get("kept", [])]
+    lines += [f"  note:         {line}" for line in q.get("notes", [])]
     return lines
