@@ -92,6 +92,45 @@ def test_logits_match_hf(family, target, batch, length):
     assert (compiled[target](ids) - _logits(model, ids)).abs().max() <= TOLERANCE
 
 
+FUSION_TOLERANCE = 1e-5  # fused against unfused programs, fp32 (fuse_scan_norm_mlp's contract)
+# One family per way a hybrid's mixers fuse: Mamba-2 beside attention and experts (GraniteMoeHybrid;
+# Bamba, NemotronH and Zamba2 fuse the same ssd_mixer), Mamba-1 beside attention and experts
+# (Jamba), Mamba-1 per head (Zamba), attention and Mamba-2 in parallel (FalconH1). All 7 passed
+# on 2026-12-04; each costs an unfused compile (~25 s of a CI worker).
+FUSION_FAMILIES = ("granite-hybrid-tiny", "jamba-tiny", "zamba-tiny", "falcon-h1-tiny")
+
+
+def test_fused_programs_match_unfused_ones(family):
+    """A hybrid's fused programs (the default pipeline, torch and ONNX) against the unfused
+    pipeline on the torch target: logits at batch 1/3 and odd lengths, a prefill's state
+    continued by steps, and greedy tokens."""
+    name, model, compiled = family
+    if name not in FUSION_FAMILIES:
+        pytest.skip(f"{name} fuses as {FUSION_FAMILIES[0]} does (FUSION_FAMILIES)")
+    unfused = ssmcc.compile(model, target="torch", pipeline="unfused")
+    hits = {k: v for k, v in compiled["torch"].report.rule_hits.items() if "fuse_scan" in k}
+    assert hits, f"{name}: fuse_scan_norm_mlp fused nothing"
+    generator = torch.Generator().manual_seed(7)
+    vocab = model.config.vocab_size
+    for batch, length in ((1, 7), (3, 37)):
+        ids = torch.randint(0, vocab, (batch, length), generator=generator)
+        expected = unfused(ids)
+        for target in ("torch", "onnx"):
+            got = torch.as_tensor(compiled[target](ids))
+            assert (got - expected).abs().max() <= FUSION_TOLERANCE, (name, target, batch)
+    ids = torch.randint(0, vocab, (3, 15), generator=generator)
+    logits, state = compiled["torch"].prefill(ids[:, :11])
+    expected, expected_state = unfused.prefill(ids[:, :11])
+    for t in range(11, 15):
+        logits, state = compiled["torch"].step(ids[:, t], state)
+        expected, expected_state = unfused.step(ids[:, t], expected_state)
+        assert (torch.as_tensor(logits) - expected).abs().max() <= FUSION_TOLERANCE, name
+    prompt = torch.randint(0, vocab, (3, 6), generator=generator)
+    tokens = unfused.generate(prompt, 8)
+    for target in ("torch", "onnx"):
+        assert torch.equal(compiled[target].generate(prompt, 8), tokens), (name, target)
+
+
 @pytest.mark.parametrize("target", ["torch", "onnx"])
 def test_prefill_then_steps_equals_prefill(family, target):
     _, model, compiled = family
