@@ -5,6 +5,7 @@
 //   mixer_weight_gemv_rows  y = x W^T for output columns [n_begin, n_end): the step's
 //                           matrix-vector products, reading the small weight once
 //   mixer_weight_dense_t    W^T as float32 (K x N): what the sequence path's GEMM reads
+//   transposed              a float32 (rows, cols) matrix as (cols, rows) (A, the projections)
 #pragma once
 
 #include <cstdint>
@@ -43,55 +44,53 @@ inline std::string check_mixer_weight(const char* op, const char* name, const Mi
   return "";
 }
 
+// fn(weight) with ``w``'s stored data typed by its storage (w must not be float32).
+template <typename Fn>
+void with_stored(const MixerWeight& w, Fn fn) {
+  if (w.storage == static_cast<int>(Storage::kInt8))
+    fn(static_cast<const int8_t*>(w.data));
+  else if (w.storage == static_cast<int>(Storage::kBFloat16))
+    fn(static_cast<const uint16_t*>(w.data));
+  else
+    fn(static_cast<const _Float16*>(w.data));
+}
+
 inline void mixer_weight_gemv_rows(const MixerWeight& w, const float* x, float* y, int64_t rows,
                                    int64_t out_features, int64_t in_features, int64_t n_begin,
                                    int64_t n_end) {
-  const auto run = [&](const auto* weight) {
+  if (w.storage == kFloat32Storage) {
+    gemv_rows(GemvArgs{x, w.dense(), nullptr, y, rows, out_features, in_features}, n_begin,
+              n_end);
+    return;
+  }
+  with_stored(w, [&](const auto* weight) {
     using W = std::remove_cv_t<std::remove_pointer_t<decltype(weight)>>;
     const QuantizedGemvArgs<W> args{x,    weight,       w.scale,     nullptr,
                                     y,    rows,         out_features, in_features,
                                     w.groups};
     quantized_gemv_rows(args, n_begin, n_end);
-  };
-  switch (w.storage) {
-    case static_cast<int>(Storage::kInt8):
-      run(static_cast<const int8_t*>(w.data));
-      return;
-    case static_cast<int>(Storage::kBFloat16):
-      run(static_cast<const uint16_t*>(w.data));
-      return;
-    case static_cast<int>(Storage::kFloat16):
-      run(static_cast<const _Float16*>(w.data));
-      return;
-    default:
-      gemv_rows(GemvArgs{x, w.dense(), nullptr, y, rows, out_features, in_features}, n_begin,
-                n_end);
-  }
+  });
+}
+
+// (rows, cols) -> (cols, rows); empty when ``skip`` (a step reads the weights as they are).
+inline std::vector<float> transposed(const float* data, int64_t rows, int64_t cols, bool skip) {
+  std::vector<float> out(skip ? 0 : rows * cols);
+  if (!skip)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = data[r * cols + c];
+  return out;
 }
 
 // W^T (in_features x out_features) as float32; empty when ``skip``.
 inline std::vector<float> mixer_weight_dense_t(const MixerWeight& w, int64_t out_features,
                                                int64_t in_features, bool skip) {
-  std::vector<float> out(skip ? 0 : out_features * in_features);
-  if (skip) return out;
-  std::vector<float> rows;
-  const float* dense = w.dense();
-  if (w.storage != kFloat32Storage) {
-    rows.resize(out_features * in_features);
-    const auto widen_all = [&](const auto* weight) {
-      dequantize_rows(weight, w.scale, rows.data(), in_features, w.groups, 0, out_features);
-    };
-    if (w.storage == static_cast<int>(Storage::kInt8))
-      widen_all(static_cast<const int8_t*>(w.data));
-    else if (w.storage == static_cast<int>(Storage::kBFloat16))
-      widen_all(static_cast<const uint16_t*>(w.data));
-    else
-      widen_all(static_cast<const _Float16*>(w.data));
-    dense = rows.data();
-  }
-  for (int64_t r = 0; r < out_features; ++r)
-    for (int64_t c = 0; c < in_features; ++c) out[c * out_features + r] = dense[r * in_features + c];
-  return out;
+  if (skip || w.storage == kFloat32Storage)
+    return transposed(w.dense(), out_features, in_features, skip);
+  std::vector<float> dense(out_features * in_features);
+  with_stored(w, [&](const auto* weight) {
+    dequantize_rows(weight, w.scale, dense.data(), in_features, w.groups, 0, out_features);
+  });
+  return transposed(dense.data(), out_features, in_features, false);
 }
 
 }  // namespace ssmcc

@@ -25,14 +25,6 @@ using namespace ssmcc::ort;  // NOLINT: Inputs, Shape, kAny, parallel_rows, Floa
 // (sequence, channel) rows (a dt_proj row of R weights and n states each).
 constexpr int64_t kStepProjectRows = 16, kStepChannelRows = 256;
 
-std::vector<float> transposed(const float* data, int64_t rows, int64_t cols, bool skip) {
-  std::vector<float> out(skip ? 0 : rows * cols);
-  if (!skip)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = data[r * cols + c];
-  return out;
-}
-
 // A projection weight input (``at``, ``name``) and, when quantized, its scale (``scale_at``).
 ssmcc::MixerWeight mixer_weight(const Inputs& in, Ort::KernelContext& ctx, size_t at,
                                 size_t scale_at, bool quantized, const char* name,
@@ -108,7 +100,7 @@ struct MambaMixerKernel {
     ssmcc::transpose_conv_weight(in.data(1), conv_t.data(), d, kernel, kStep);
     const auto x_proj_t = ssmcc::mixer_weight_dense_t(x_proj, E, d, kStep);
     const auto dt_proj_t = ssmcc::mixer_weight_dense_t(dt_proj, d, rank, kStep);
-    const auto A_t = transposed(in.data(5), d, n, kStep);
+    const auto A_t = ssmcc::transposed(in.data(5), d, n, kStep);
     std::vector<float> xc(tokens * d), dbc(tokens * E), dt(tokens * d);
     const ssmcc::MambaMixerArgs a{
         in.data(0), in.data(1), conv_t.data(), in.data(2), x_proj, x_proj_t.data(),

@@ -395,15 +395,6 @@ SSMCC_EXPORT int ssmcc_dequantize(const void* weight, int32_t storage, const flo
 // mamba_mixer (``step``: proj (b, w), length 1) and mamba_mixer_step. x_proj / dt_proj: float32
 // (storage -1, no scale) or stored small with ``groups`` scales a row (storage as Storage).
 namespace {
-template <typename T>
-std::vector<float> transposed(const T* data, int64_t rows, int64_t cols, bool skip) {
-  std::vector<float> out(skip ? 0 : rows * cols);
-  if (!skip)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = data[r * cols + c];
-  return out;
-}
-
 int mamba_mixer_entry(bool step, const float* proj, const float* conv_weight,
                       const float* conv_bias, const ssmcc::MixerWeight& x_proj,
                       const ssmcc::MixerWeight& dt_proj, const float* A, const float* D,
@@ -425,7 +416,7 @@ int mamba_mixer_entry(bool step, const float* proj, const float* conv_weight,
     ssmcc::transpose_conv_weight(conv_weight, conv_t.data(), channels, kernel, step);
     const auto x_proj_t = ssmcc::mixer_weight_dense_t(x_proj, E, channels, step);
     const auto dt_proj_t = ssmcc::mixer_weight_dense_t(dt_proj, channels, rank, step);
-    const auto A_t = transposed(A, channels, dstate, step);
+    const auto A_t = ssmcc::transposed(A, channels, dstate, step);
     std::vector<float> xc(tokens * channels), dbc(tokens * E), dt(tokens * channels);
     const ssmcc::MambaMixerArgs a{
         proj,      conv_weight,      conv_t.data(),    conv_bias,      x_proj,
