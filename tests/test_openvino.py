@@ -26,16 +26,19 @@ ort = pytest.importorskip("onnxruntime")
 
 PARITY = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
 FAST = ["mamba2-tiny"]
+# One family per form the inlined bodies take: the fused Mamba-1 mixer (plain and with
+# FalconMamba's rms), Mamba-1 with attention and MoE (Jamba), per-head unfused scans (Zamba), the
+# fused Mamba-2 mixer with attention and MoE (GraniteMoeHybrid) and without MoE (NemotronH).
+# Bamba, Zamba2 and FalconH1 lower to the same nodes as GraniteMoeHybrid/NemotronH (their
+# differences are ATen, which OpenVINO reads as standard ONNX); all ten presets passed in
+# the full run of 2026-12-04 before these three were taken out of CI for its time.
 SLOW = [
     "mamba-tiny",
     "jamba-tiny",
     "falcon-mamba-tiny",
-    "bamba-tiny",
     "granite-hybrid-tiny",
     "nemotron-h-tiny",
     "zamba-tiny",
-    "zamba2-tiny",
-    "falcon-h1-tiny",
 ]
 PRESETS = FAST + [pytest.param(name, marks=pytest.mark.slow) for name in SLOW]
 
