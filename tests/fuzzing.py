@@ -11,6 +11,9 @@ float64 from the same, already rounded, inputs. Paths:
     cpp         the C++ kernel through its checked torch entry (``kernels/cpu/torch_binding.py``)
     ort-lib     the op as one ssmcc ONNX node in ONNX Runtime with the ssmcc custom-op library
     portable    the same node in stock ONNX Runtime, i.e. its model-local function body
+    triton      the op's Triton launcher (``kernels/triton``) in Triton's interpreter on the CPU;
+                not in ``PATHS`` (the interpreter is slow: ``tests/test_triton_kernels.py`` runs
+                it on its own case counts, and on sequences of at most 64 positions)
 
 The ONNX paths take the node form of the op (``lowering/onnx/schemas.py``): neutral values for
 absent inputs and B/C brought to one group count, as the emitters do; they skip 0-length cases
@@ -75,8 +78,17 @@ def run_cpp(case: Case):
     return torch_binding.KERNELS[case.op](**case.args)
 
 
+def run_triton(case: Case):
+    from ssmcc.kernels.triton.registry import TRITON_KERNELS
+
+    return TRITON_KERNELS[case.op](**case.args)
+
+
+TRITON_MAX_LENGTH = 64  # the interpreter runs ~0.1 ms per position and program
+
 RUNNERS = {
     "reference": run_reference,
+    "triton": run_triton,
     "cpp": run_cpp,
     "ort-lib": lambda case: run_onnx(case, library=True),
     "portable": lambda case: run_onnx(case, library=False),
@@ -93,6 +105,8 @@ def applies(case: Case, path: str) -> bool:
         "mamba_mixer": ("zx", 1),
     }
     name, axis = sequence.get(case.op, (None, None))
+    if path == "triton":
+        return name is None or case.args[name].shape[axis] <= TRITON_MAX_LENGTH
     empty = name is not None and case.args[name].shape[axis] == 0
     # numpy has no bfloat16: a projection stored so reaches ONNX Runtime only from a model file
     bfloat16 = any(

@@ -1,0 +1,54 @@
+"""Which file and launcher of ``kernels/triton`` runs each ssmcc op, without importing Triton
+(for ``ssmcc coverage``: importing Triton would fix this process's compiled/interpreted mode).
+``tests/test_triton_kernels.py`` checks it against ``registry.TRITON_KERNELS``."""
+
+from __future__ import annotations
+
+LAUNCHERS = {
+    "selective_scan": ("selective_scan.py", "selective_scan_fwd"),
+    "selective_state_update": ("state_update.py", "selective_state_update_fwd"),
+    "causal_conv1d": ("causal_conv1d.py", "causal_conv1d_fwd"),
+    "causal_conv1d_update": ("causal_conv1d.py", "causal_conv1d_update_fwd"),
+    "ssd_scan": ("ssd_scan.py", "ssd_scan_fwd"),
+    "ssd_state_update": ("state_update.py", "ssd_state_update_fwd"),
+    "rmsnorm_gated": ("rmsnorm_gated.py", "rmsnorm_gated_fwd"),
+    "ssd_mixer": ("mixers.py", "ssd_mixer_fwd"),
+    "ssd_mixer_step": ("mixers.py", "ssd_mixer_step_fwd"),
+    "mamba_mixer": ("mixers.py", "mamba_mixer_fwd"),
+    "mamba_mixer_step": ("mixers.py", "mamba_mixer_step_fwd"),
+    "attention": ("attention.py", "attention_fwd"),
+    "positions": ("positions.py", "positions_fwd"),
+    "moe_experts": ("moe_experts.py", "moe_experts_fwd"),
+    "quantized_linear": ("linear.py", "quantized_linear_fwd"),
+    "quantized_embedding": ("linear.py", "quantized_embedding_fwd"),
+}
+
+
+def describe(op: str) -> str:
+    file, launcher = LAUNCHERS[op]
+    return f"Triton: kernels/triton/{file} ({launcher})"
+
+
+# Each kernel's launch grid as a rule of the sizes its launcher sees (for a runtime that launches
+# the ahead-of-time binaries itself, e.g. a TensorRT plugin). cdiv(a, b) = ceil(a / b).
+GRID_RULES = {
+    "_selective_scan_chunk_kernel": "(batch, cdiv(dim, BLOCK_D), cdiv(length, chunk_len))",
+    "_selective_scan_pass_states_kernel": "(batch, cdiv(dim, BLOCK_D))",
+    "_state_update_kernel": "(batch, heads, cdiv(rows, BLOCK_R))",
+    "_causal_conv1d_kernel": "(batch, cdiv(dim, BLOCK_D), cdiv(length, BLOCK_L))",
+    "_causal_conv1d_final_state_kernel": "(batch, cdiv(dim, BLOCK_D))",
+    "_causal_conv1d_update_kernel": "(batch, cdiv(dim, BLOCK_D))",
+    "_ssd_chunk_cumsum_kernel": "(batch, heads, cdiv(length, chunk))",
+    "_ssd_chunk_state_kernel": "(batch * cdiv(length, chunk), heads, cdiv(head_dim, BLOCK_P))",
+    "_ssd_state_passing_kernel": "(batch, heads, cdiv(head_dim * nstate, BLOCK))",
+    "_ssd_chunk_scan_kernel": "(batch * cdiv(length, chunk), heads, "
+    "cdiv(chunk, BLOCK_M) * cdiv(head_dim, BLOCK_P))",
+    "_rmsnorm_gated_kernel": "(rows, dim / group_size)",
+    "_linear_kernel": "(cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))",
+    "_embedding_kernel": "(number of ids, cdiv(K, BLOCK_K))",
+    "_append_cache_kernel": "(batch, kv_heads, cdiv(past + length, BLOCK_T))",
+    "_attention_kernel": "(batch * heads, cdiv(length, BLOCK_M))",
+    "_moe_up_kernel": "(tokens * top_k, cdiv(width, BLOCK_W))",
+    "_moe_down_kernel": "(tokens, cdiv(dim, BLOCK_D))",
+    "_positions_kernel": "(batch, max(1, cdiv(length, BLOCK)))",
+}

@@ -1,0 +1,116 @@
+"""Triton kernels for ``ssmcc::quantized_linear`` and ``ssmcc::quantized_embedding``, and the
+matrix product the fused mixers' projections use.
+
+Math (``ssmcc.ops.quantized_linear``), W (n, k) stored as ``weight`` (int8, bfloat16, float16 or,
+for the mixers' float projections, float32) with ``scale`` (n, G) float32 or none::
+
+    W[r, c]   = weight[r, c] * scale[r, c // (k / G)]       (no scale: W = weight)
+    linear    = x W^T + bias        x (m, k) -> (m, n), accumulated in float32
+    embedding = W[ids]              ids (...) -> (..., k) float32
+
+The product is tiled (block_m x block_n outputs per program, block_k inputs per step of the
+reduction); each weight tile is widened to float32 in registers as it is loaded, so the weight
+is read once, small. float32 products use IEEE float32 ``tl.dot`` (not TF32), as the references.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ssmcc.kernels.triton import configs
+from ssmcc.kernels.triton.runtime import launch, next_power_of_2
+
+
+@triton.jit
+def _linear_kernel(
+    x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr,
+    M, N, K, group_len,
+    s_xm, s_xk, s_wn, s_wk, s_sn, s_sg, s_om, s_on,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+):
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + m[:, None] * s_xm + k[None, :] * s_xk,
+                    mask=(m[:, None] < M) & (k[None, :] < K), other=0.0).to(tl.float32)
+        mask_w = (k[:, None] < K) & (n[None, :] < N)
+        w = tl.load(w_ptr + n[None, :] * s_wn + k[:, None] * s_wk, mask=mask_w, other=0.0)
+        w = w.to(tl.float32)  # (BLOCK_K, BLOCK_N): W^T
+        if HAS_SCALE:
+            w *= tl.load(scale_ptr + n[None, :] * s_sn + (k[:, None] // group_len) * s_sg,
+                         mask=mask_w, other=0.0)
+        acc += tl.dot(x, w, input_precision="ieee")
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + m[:, None] * s_om + n[None, :] * s_on, acc,
+             mask=(m[:, None] < M) & (n[None, :] < N))
+
+
+@triton.jit
+def _embedding_kernel(
+    ids_ptr, w_ptr, scale_ptr, out_ptr,
+    K, group_len,
+    s_wn, s_wk, s_sn, s_sg, s_or,
+    BLOCK_K: tl.constexpr,
+):
+    i = tl.program_id(0)
+    k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    row = tl.load(ids_ptr + i)
+    mask = k < K
+    w = tl.load(w_ptr + row * s_wn + k * s_wk, mask=mask, other=0.0).to(tl.float32)
+    w *= tl.load(scale_ptr + row * s_sn + (k // group_len) * s_sg, mask=mask, other=0.0)
+    tl.store(out_ptr + i * s_or + k, w, mask=mask)
+
+
+def linear_fwd(x, weight, scale=None, bias=None, out=None, out_dtype=None) -> torch.Tensor:
+    """``x W^T + bias`` on Triton. x (..., k) any strides; weight (n, k); scale (n, G) or None;
+    bias (n,) -> (..., n) in ``out_dtype`` (default x's), or written into ``out``."""
+    lead, K = x.shape[:-1], x.shape[-1]
+    N = weight.shape[0]
+    rows = x.reshape(-1, K)
+    M = rows.shape[0]
+    if out is None:
+        out = torch.empty((*lead, N), dtype=out_dtype or x.dtype, device=x.device)
+    target = out.view(-1, N)
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        target.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(target))
+        return out
+    tiles = configs.pick(x.device, configs.MATMUL_GPU, configs.MATMUL_CPU)
+    block_m = configs.rows_block(M, tiles["block_m"])
+    block_n = max(16, min(tiles["block_n"], next_power_of_2(N)))
+    block_k = max(16, min(tiles["block_k"], next_power_of_2(K)))
+    groups = scale.shape[1] if scale is not None else 1
+    launch(_linear_kernel, (-(-M // block_m), -(-N // block_n)))(
+        rows, weight, scale if scale is not None else weight, bias if bias is not None else weight,
+        target, M, N, K, K // groups, *rows.stride(), *weight.stride(),
+        *(scale.stride() if scale is not None else (0, 0)), *target.stride(),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, HAS_SCALE=scale is not None,
+        HAS_BIAS=bias is not None, num_warps=tiles["num_warps"],
+    )
+    return out
+
+
+def quantized_linear_fwd(x, weight, scale, bias=None) -> torch.Tensor:
+    """``quantized_linear`` on Triton: (..., k) -> (..., n) in x's dtype."""
+    return linear_fwd(x, weight, scale, bias)
+
+
+def quantized_embedding_fwd(ids, weight, scale) -> torch.Tensor:
+    """``quantized_embedding`` on Triton: ids (...) int64 -> (..., k) float32."""
+    K = weight.shape[1]
+    flat = ids.reshape(-1).contiguous()
+    out = torch.empty((flat.shape[0], K), dtype=torch.float32, device=ids.device)
+    if flat.shape[0] and K:
+        block_k = min(1024, next_power_of_2(K))
+        launch(_embedding_kernel, (flat.shape[0], -(-K // block_k)))(
+            flat, weight, scale, out, K, K // scale.shape[1], *weight.stride(), *scale.stride(),
+            out.stride(0), BLOCK_K=block_k, num_warps=4 if block_k >= 512 else 1,
+        )
+    return out.reshape(*ids.shape, K)

@@ -1,0 +1,139 @@
+"""How ssmcc's Triton kernels run: compiled for a CUDA GPU, or in Triton's interpreter on the CPU.
+
+``launch(kernel, grid)(*args, **meta)`` is ``kernel[grid](*args, **meta)`` when the tensors are on
+a CUDA device. On the CPU it runs the same kernel source in Triton's interpreter: Triton decides
+when it is imported (``TRITON_INTERPRET=1``) whether ``@triton.jit`` makes compiled or interpreted
+functions, its own library (``tl.sum``, ``tl.zeros``, ``tl.cumsum``) included, and PyTorch
+imports Triton early (``torch._dynamo`` does, when it is installed), so a process usually has it
+compiled by the time a model is compiled. ``launch`` then wraps the kernel in Triton's
+``InterpretedFunction`` and, for the call, swaps the library's ``@triton.jit`` functions for
+interpreted ones (``interpreted_language``), restoring them after. With ``TRITON_INTERPRET=1`` set
+before Triton was imported everything is interpreted already and nothing is swapped.
+
+The interpreter runs every program instance one after another in Python (slow: for tests). A
+kernel here calls no other ``@triton.jit`` function of ssmcc's (each is self-contained), so
+nothing else needs swapping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import sys
+import threading
+
+import torch
+
+from ssmcc.errors import OptionError
+
+INSTALL_HINT = 'pip install -e ".[triton]" (or: pip install triton==3.9.0)'
+_SWAP_LOCK = threading.RLock()
+
+
+def triton_available() -> bool:
+    module = sys.modules.get("triton", False)
+    if module is not False:
+        return module is not None  # None: an import of it was blocked
+    return importlib.util.find_spec("triton") is not None
+
+
+def require_triton(what: str = "the triton target") -> None:
+    """``OptionError`` saying what to install when Triton is missing."""
+    if not triton_available():
+        raise OptionError(f"{what} needs Triton, which is not installed: {INSTALL_HINT}")
+
+
+def device_for(interpret: bool) -> torch.device:
+    """Where the lowered program's tensors live: the CPU when interpreting, else the current CUDA
+    device (``OptionError`` without one)."""
+    if interpret:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise OptionError(
+            "target 'triton' runs its kernels on a CUDA GPU and this machine has none "
+            f"(torch {torch.__version__}: torch.cuda.is_available() is False); pass "
+            "interpret=True (command line: --interpret) to run the same kernels in Triton's "
+            "interpreter on the CPU (slow: for testing), or use target 'torch' or 'onnx'"
+        )
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+@functools.cache
+def _library_swaps() -> tuple:
+    """(module, name, compiled, interpreted) for every ``@triton.jit`` function of Triton's
+    language modules."""
+    import triton.runtime.interpreter  # noqa: F401  (imported before anything is swapped)
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    with contextlib.suppress(ImportError):  # the interpreter imports it lazily; it asserts on
+        import triton.experimental.gluon.language  # noqa: F401  (compiled library functions)
+    swaps = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("triton.language"):
+            continue
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, JITFunction):
+                swaps.append((module, attr, value, InterpretedFunction(value.fn)))
+    return tuple(swaps)
+
+
+@contextlib.contextmanager
+def interpreted_language():
+    """Triton's library functions interpreted for the duration (one thread at a time)."""
+    with _SWAP_LOCK:
+        swaps = _library_swaps()
+        for module, attr, _, interpreted in swaps:
+            setattr(module, attr, interpreted)
+        try:
+            yield
+        finally:
+            for module, attr, compiled, _ in swaps:
+                setattr(module, attr, compiled)
+
+
+@functools.cache
+def _interpreted(kernel):
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return InterpretedFunction(kernel.fn)
+
+
+def _device_of(args) -> torch.device:
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            return arg.device
+    raise OptionError("a Triton kernel was launched without a tensor argument")
+
+
+# While ``aot.record_launches`` runs: the launches, recorded instead of run.
+RECORDED: list | None = None
+
+
+def launch(kernel, grid: tuple):
+    """``kernel[grid]``: compiled for CUDA tensors, interpreted for CPU tensors (recorded, not
+    run, while ``RECORDED`` is a list)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    def run(*args, **meta):
+        if RECORDED is not None:
+            RECORDED.append((kernel, tuple(grid), args, meta))
+            return None
+        if isinstance(kernel, InterpretedFunction):  # TRITON_INTERPRET=1 at import
+            return kernel[grid](*args, **meta)
+        device = _device_of(args)
+        if device.type == "cuda":
+            return kernel[grid](*args, **meta)
+        if device.type != "cpu":
+            raise OptionError(
+                f"Triton kernels run on CUDA or (interpreted) CPU tensors, got {device}"
+            )
+        with interpreted_language():
+            return _interpreted(kernel)[grid](*args, **meta)
+
+    return run
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
