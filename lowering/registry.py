@@ -34,7 +34,6 @@ from ssmcc.errors import OptionError
 from ssmcc.options import OptionSpec
 
 PLANNED: dict[str, str] = {
-    "triton": "the Triton target is not built yet",
     "tensorrt": "the TensorRT target is not built yet (it builds on the ONNX and Triton targets)",
 }
 
@@ -47,6 +46,7 @@ class Target:
     options: tuple[OptionSpec, ...] = ()
     dtypes: tuple[str, ...] = ()  # values of the dtype option it implements (None always is)
     quantize: tuple[str, ...] = ("none",)
+    builds_on: tuple[str, ...] = ()  # targets whose lowering/artifact this one reuses
 
     def module(self) -> ModuleType:
         return importlib.import_module(self.implementation)

@@ -2,12 +2,14 @@
 
     ssmcc inspect MODEL|FILE.pt2 capture MODEL (or read a saved torch.export program), run the
                                  passes, print the report
-    ssmcc compile MODEL --target torch|onnx --out DIR
+    ssmcc compile MODEL --target torch|onnx|triton --out DIR
                                  write a deployable artifact (model files + manifest.json)
     ssmcc run DIR|MODEL --prompt "text" | --prompt-ids 1,2,3 --max-new-tokens N
                                  generate, printing text (or token ids) as it comes
     ssmcc presets                list the built-in models
     ssmcc coverage               which backend supports which ssmcc op
+    ssmcc kernels build MODEL... --arch sm_80,sm_90 --out DIR
+                                 ahead-of-time PTX/cubin of the Triton kernels MODEL needs
 
 MODEL is a local Hugging Face model directory (config.json + weights, as save_pretrained writes
 it) or a preset name (a small model built from a config with random weights; nothing is
@@ -314,6 +316,8 @@ def _add_option(parser, spec, default=argparse.SUPPRESS, help_suffix: str = "") 
     kwargs = {"help": spec.help + help_suffix, "default": default}
     if spec.kind is int:
         kwargs.update(type=int, metavar=spec.metavar or "N")
+    elif spec.kind is bool:
+        kwargs.update(action="store_true")
     elif spec.choices is not None:
         kwargs.update(choices=list(spec.choices))
     parser.add_argument(_flag(spec.name), **kwargs)
@@ -528,6 +532,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cov.add_argument("--json", action="store_true", help="print as JSON")
     cov.set_defaults(run=_cmd_coverage)
+
+    from ssmcc.cli_kernels import add_kernels_command
+
+    add_kernels_command(commands)
     return parser
 
 

@@ -60,9 +60,9 @@ def test_report_describes_capture_and_passes(model_and_compiled):
 
 def test_unbuilt_and_unknown_targets_are_refused_clearly():
     model = make_hf_model("mamba", num_hidden_layers=1)
-    with pytest.raises(InputError, match="target 'triton' is not available in this version"):
-        ssmcc.compile(model, target="triton")
-    with pytest.raises(InputError, match="unknown target 'cuda'; available: onnx, torch"):
+    with pytest.raises(InputError, match="target 'tensorrt' is not available in this version"):
+        ssmcc.compile(model, target="tensorrt")
+    with pytest.raises(InputError, match="unknown target 'cuda'; available: onnx, torch, triton"):
         ssmcc.compile(model, target="cuda")
     with pytest.raises(OptionError, match="target 'tensorrt' is not available"):
         get_target("tensorrt")

@@ -1,0 +1,109 @@
+"""The triton target: lower, save and load (see ``lowering/registry.py`` for the contract).
+
+Lowering: the program is unlifted into an ``nn.Module`` (as the torch target does), every ssmcc
+op node is pointed at its Triton launcher (``kernels/triton/registry.py``), weight-only
+expressions are folded once (``lowering/torch/freeze.py``) and the module is moved to the device:
+the current CUDA GPU, or the CPU with ``interpret=True`` (Triton's interpreter). The rest of the
+graph (the ATen ops: embedding, norms, projections, the LM head) runs eagerly in PyTorch on that
+device; ``kernels="reference"`` runs the ssmcc ops' PyTorch references there instead.
+
+``run`` moves its inputs to the device; the states it returns stay there (a decode loop never
+copies them back), the logits come back to the CPU, where the runtime samples.
+
+Artifact: the torch target's (``weights.safetensors`` + one ``.pt2`` per program); the kernels
+are Triton's to compile (and cache) on first use, or ahead of time with ``ssmcc kernels build``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ssmcc.kernels.triton.runtime import device_for, require_triton
+from ssmcc.lowering.torch import target as torch_target
+from ssmcc.lowering.torch.freeze import flatten_weight_attributes, fold_weight_expressions
+from ssmcc.ops import SSMCC_OPS, SSMCC_REFERENCES, is_ssmcc_op
+from ssmcc.passes.program_set import STATEFUL_GRAPHS, ProgramSet
+
+
+def lower_to_triton(program, kernels: str, device: torch.device) -> torch.nn.Module:
+    """The program as a module on ``device`` whose ssmcc ops call Triton launchers."""
+    from ssmcc.kernels.triton.registry import TRITON_KERNELS
+
+    table = TRITON_KERNELS if kernels == "auto" else SSMCC_REFERENCES
+    module = program.module()
+    for node in module.graph.nodes:
+        if node.op == "call_function" and is_ssmcc_op(node.target):
+            node.target = table[node.target._opname]
+    module.recompile()
+    fold_weight_expressions(module)
+    flatten_weight_attributes(module)
+    return module.to(device)
+
+
+class TritonExecutable:
+    """Lowered modules of a ``ProgramSet`` on one device, one per graph, made on first use."""
+
+    def __init__(self, programs: ProgramSet, kernels: str, device: torch.device):
+        self.programs = programs
+        self.kernels = kernels
+        self.device = device
+        self.specs = programs.specs
+        self._modules: dict[str, torch.nn.Module] = {}
+
+    @property
+    def graphs(self) -> tuple[str, ...]:
+        return self.programs.graphs
+
+    def module(self, graph: str) -> torch.nn.Module:
+        if graph not in self._modules:
+            module = lower_to_triton(self.programs.program(graph), self.kernels, self.device)
+            if graph in STATEFUL_GRAPHS:
+                module.validate_inputs = False  # CompiledModel checked the ids and states
+            self._modules[graph] = module
+        return self._modules[graph]
+
+    def run(self, graph: str, *inputs) -> list[torch.Tensor]:
+        moved = [t.to(self.device) if isinstance(t, torch.Tensor) else t for t in inputs]
+        with torch.no_grad():
+            outputs = self.module(graph)(*moved)
+        outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+        if outputs and self.device.type != "cpu":
+            outputs[0] = outputs[0].cpu()
+        return outputs
+
+
+def _device(options) -> torch.device:
+    require_triton()
+    return device_for(bool(options["interpret"]))
+
+
+def lower(programs: ProgramSet, options) -> TritonExecutable:
+    return TritonExecutable(programs, options.kernels, _device(options))
+
+
+def save(executable: TritonExecutable, folder: str) -> dict:
+    return torch_target.save(executable, folder)
+
+
+def load(folder: str, manifest: dict, options) -> TritonExecutable:
+    device = _device(options)
+    restored = torch_target.load(folder, manifest, options)
+    return TritonExecutable(restored.programs, options.kernels, device)
+
+
+def native_ops() -> dict[str, str]:
+    from ssmcc.kernels.triton.catalog import LAUNCHERS, describe
+    from ssmcc.kernels.triton.runtime import triton_available
+
+    if not triton_available():
+        return {}
+    return {op: describe(op) for op in SSMCC_OPS if op in LAUNCHERS}
+
+
+def unsupported_ops() -> dict[str, str]:
+    from ssmcc.kernels.triton.catalog import LAUNCHERS
+    from ssmcc.kernels.triton.runtime import INSTALL_HINT, triton_available
+
+    if not triton_available():
+        return {op: f"Triton is not installed: {INSTALL_HINT}" for op in SSMCC_OPS}
+    return {op: "no Triton kernel yet" for op in SSMCC_OPS if op not in LAUNCHERS}
