@@ -1,0 +1,142 @@
+"""Ahead-of-time builds of the Triton kernels (``kernels/triton/aot.py``, ``ssmcc kernels
+build``): every specialisation a model's programs launch compiles to PTX and cubin for each
+architecture, and the manifest describes how to launch it. No GPU is needed (ptxas ships with
+Triton); nothing here runs a binary.
+
+Default: the tiny Mamba-1 preset for sm_90. Slow (the acceptance check): mamba-130m and
+mamba2-130m for sm_80, sm_86, sm_89 and sm_90.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import ssmcc
+from ssmcc.errors import OptionError
+from ssmcc.presets import build_preset
+
+pytest.importorskip("triton", reason='Triton is an optional extra: pip install ".[triton]"')
+
+from ssmcc.kernels.triton import aot  # noqa: E402
+from ssmcc.kernels.triton.catalog import GRID_RULES  # noqa: E402
+
+
+def _specs(name: str):
+    model = build_preset(name).eval()
+    return aot.model_specializations(ssmcc.compile(model, target="triton", interpret=True))
+
+
+def _check_manifest(folder, specs, archs):
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["archs"] == list(archs)
+    entries = manifest["kernels"]
+    assert len(entries) == len(specs) * len(archs)
+    assert {(e["specialization"], e["arch"]) for e in entries} == {
+        (s.key, a) for s in specs for a in archs
+    }
+    for entry in entries:
+        ptx = (folder / entry["ptx"]).read_text()
+        cubin = (folder / entry["cubin"]).read_bytes()
+        assert f".entry {entry['entry']}(" in ptx and cubin[:4] == b"\x7fELF"
+        assert f".target {entry['arch']}" in ptx
+        # the launch: parameters in the PTX's order (the runtime ones, then two scratch pointers)
+        assert ptx.split(f".entry {entry['entry']}(")[1].split(")")[0].count(".param") == len(
+            entry["params"]
+        )
+        assert entry["grid"]["rule"] == GRID_RULES[entry["kernel"]]
+        assert all(g >= 1 for g in entry["grid"]["recorded"])
+        assert entry["num_warps"] >= 1 and entry["shared_bytes"] >= 0
+        assert set(entry["constexprs"]) >= {n for n in entry["constexprs"] if n.isupper()}
+    return manifest
+
+
+def test_the_tiny_model_builds_for_one_arch(tmp_path):
+    specs = _specs("mamba-tiny")
+    kernels = {s.kernel for s in specs}
+    assert {"_selective_scan_chunk_kernel", "_state_update_kernel", "_linear_kernel"} <= kernels
+    manifest = _check_manifest_after_build(tmp_path / "out", specs, ("sm_90",))
+    # float attributes are compile-time constants (an AOT plugin cannot pass them at run time)
+    norm = [e for e in manifest["kernels"] if e["kernel"] == "_rmsnorm_gated_kernel"]
+    assert norm and all(e["constexprs"]["eps"] == 1e-5 for e in norm)
+
+
+def _check_manifest_after_build(folder, specs, archs):
+    aot.build(specs, archs, str(folder))
+    return _check_manifest(folder, specs, archs)
+
+
+def test_a_failed_build_leaves_nothing(tmp_path, monkeypatch):
+    specs = _specs("mamba-tiny")
+    with pytest.raises(OptionError, match="unknown architecture"):
+        aot.build(specs, ("sm_42",), str(tmp_path / "out"))
+    real = aot._compile
+    calls = []
+
+    def failing(spec, arch, kernels):
+        calls.append(spec)
+        if len(calls) == 2:
+            raise RuntimeError("ptxas died")
+        return real(spec, arch, kernels)
+
+    monkeypatch.setattr(aot, "_compile", failing)
+    with pytest.raises(RuntimeError, match="ptxas"):
+        aot.build(specs, ("sm_90",), str(tmp_path / "out"))
+    assert os.listdir(tmp_path) == []
+
+
+def test_recording_runs_no_kernel():
+    """While recording, launches are listed, not run: the outputs stay as allocated."""
+    from ssmcc.kernels.triton.registry import TRITON_KERNELS
+
+    u = torch.randn(1, 64, 3)
+    recorded = aot.record_launches(
+        lambda: TRITON_KERNELS["selective_scan"](
+            u, u, -torch.ones(64, 2), torch.ones(1, 2, 3), torch.ones(1, 2, 3)
+        )
+    )
+    assert [r[0].fn.__name__ for r in recorded] == ["_selective_scan_chunk_kernel"]
+    assert recorded[0][3]["BLOCK_D"] == 32  # the GPU's meta-parameters, not the interpreter's
+
+
+def test_cli_builds_and_refuses_bad_arch(tmp_path, capsys):
+    from ssmcc.cli import main
+
+    assert (
+        main(["kernels", "build", "mamba-tiny", "--arch", "sm_77", "--out", str(tmp_path / "k")])
+        == 2
+    )
+    assert "unknown" in capsys.readouterr().err and not (tmp_path / "k").exists()
+    assert (
+        main(["kernels", "build", "mamba2-tiny", "--arch", "sm_90", "--out", str(tmp_path / "k")])
+        == 0
+    )
+    manifest = json.loads((tmp_path / "k" / "manifest.json").read_text())
+    assert manifest["models"] == ["mamba2-tiny"]
+    assert {"_ssd_chunk_scan_kernel", "_state_update_kernel"} <= {
+        e["kernel"] for e in manifest["kernels"]
+    }
+
+
+@pytest.mark.slow
+def test_130m_models_build_for_four_architectures(tmp_path):
+    archs = ("sm_80", "sm_86", "sm_89", "sm_90")
+    specs = {}
+    for name in ("mamba-130m", "mamba2-130m"):
+        for spec in _specs(name):
+            specs.setdefault(spec.key, spec)
+    specs = list(specs.values())
+    kernels = {s.kernel for s in specs}
+    assert {
+        "_selective_scan_chunk_kernel",
+        "_ssd_chunk_scan_kernel",
+        "_ssd_chunk_state_kernel",
+        "_state_update_kernel",
+        "_causal_conv1d_kernel",
+        "_rmsnorm_gated_kernel",
+        "_linear_kernel",
+    } <= kernels
+    _check_manifest_after_build(tmp_path / "out", specs, archs)
