@@ -1,0 +1,49 @@
+"""``benchmarks/gpu_check.py`` in its dry mode: the same checks on the CPU, tiny shapes, Triton's
+interpreter (here with ``TRITON_INTERPRET=1`` from the start, as a user of the interpreter would
+set it), so the script a lent GPU runs cannot rot."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton", reason='Triton is an optional extra: pip install ".[triton]"')
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_gpu_check_dry_run(tmp_path):
+    out = tmp_path / "dry.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONWARNINGS": "ignore"},
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    report = json.loads(out.read_text())
+    assert report["dry"] and report["all_ok"]
+    ops = {row["op"] for row in report["rows"]}
+    assert {"selective_scan", "ssd_scan", "mamba_mixer", "ssd_mixer_step"} <= ops
+    assert all(row["triton_ms"] > 0 and row["torch_ms"] > 0 for row in report["rows"])
+
+
+def test_gpu_check_says_it_needs_a_gpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2 and "--dry" in result.stderr
