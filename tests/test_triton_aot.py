@@ -9,6 +9,7 @@ mamba2-130m for sm_80, sm_86, sm_89 and sm_90.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -25,6 +26,7 @@ from ssmcc.kernels.triton import aot  # noqa: E402
 from ssmcc.kernels.triton.catalog import GRID_RULES  # noqa: E402
 
 
+@functools.cache
 def _specs(name: str):
     model = build_preset(name).eval()
     return aot.model_specializations(ssmcc.compile(model, target="triton", interpret=True))
@@ -140,3 +142,47 @@ def test_130m_models_build_for_four_architectures(tmp_path):
         "_linear_kernel",
     } <= kernels
     _check_manifest_after_build(tmp_path / "out", specs, archs)
+
+
+def test_interpreted_runs_leave_triton_as_they_found_it(tmp_path):
+    """Triton's interpreter patches the language for every library call made inside a kernel and
+    never restores those patches; ``runtime.interpreted_language`` puts back every name, so a
+    compiled build later in the same process (here: the kernels no model preset above launches:
+    attention, MoE experts, quantised linear and embedding, positions) still compiles."""
+    from ssmcc.kernels.triton import runtime
+    from ssmcc.kernels.triton.registry import TRITON_KERNELS
+    from ssmcc.ops.quantized_linear import quantize_weight
+
+    before = [(owner, dict(vars(owner))) for owner in runtime._language_namespaces()]
+    q = torch.randn(1, 4, 5, 16)
+    k = torch.randn(1, 2, 5, 16)
+    weight, scale = quantize_weight(torch.randn(24, 64), "int8-g32")
+    hidden, index = torch.randn(3, 64), torch.tensor([[0, 1], [1, 0], [2, 1]])
+    up, down = torch.randn(3, 64, 64), torch.randn(3, 64, 32)
+
+    def run_all():
+        TRITON_KERNELS["attention"](q, k, k, 0.25, k, k)
+        TRITON_KERNELS["moe_experts"](hidden, index, torch.rand(3, 2), up, down, "gelu", True)
+        TRITON_KERNELS["quantized_linear"](torch.randn(3, 64), weight, scale)
+        TRITON_KERNELS["quantized_embedding"](torch.tensor([[1, 2]]), weight, scale)
+        TRITON_KERNELS["positions"](torch.zeros(2, 3, dtype=torch.long), torch.tensor([[4], [0]]))
+        TRITON_KERNELS["rmsnorm_gated"](hidden, hidden, torch.ones(64), 32)
+
+    run_all()  # interpreted
+    for owner, saved in before:
+        now = vars(owner)
+        changed = [n for n, v in saved.items() if now.get(n) is not v]
+        added = [n for n in now if n not in saved] if isinstance(owner, type) else []
+        assert not changed and not added, (owner, changed, added)
+    specs = {}
+    for launch in aot.record_launches(run_all):
+        spec = aot.specialization(*launch)
+        specs.setdefault(spec.key, spec)
+    kernels = {s.kernel for s in specs.values()}
+    assert {
+        "_attention_kernel",
+        "_moe_up_kernel",
+        "_embedding_kernel",
+        "_positions_kernel",
+    } <= kernels
+    _check_manifest_after_build(tmp_path / "out", list(specs.values()), ("sm_90",))

@@ -21,13 +21,16 @@ def _positions_kernel(
 ):
     r = tl.program_id(0)
     i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    offsets = i.to(tl.int64)
     if HAS_PAST:
         start = tl.load(past_ptr + r * s_pb)
+        tl.store(positions_ptr + r * s_ob + i * s_ol, start + offsets, mask=i < length)
+        if tl.program_id(1) == 0:
+            tl.store(count_ptr + r * s_cb, start + length)
     else:
-        start = tl.zeros((), dtype=tl.int64)
-    tl.store(positions_ptr + r * s_ob + i * s_ol, start + i, mask=i < length)
-    if tl.program_id(1) == 0:
-        tl.store(count_ptr + r * s_cb, start + length)
+        tl.store(positions_ptr + r * s_ob + i * s_ol, offsets, mask=i < length)
+        if tl.program_id(1) == 0:
+            tl.store(count_ptr + r * s_cb, length)
 
 
 def positions_fwd(input_ids, past_count=None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -79,18 +79,49 @@ def _library_swaps() -> tuple:
     return tuple(swaps)
 
 
+def _language_namespaces() -> list:
+    """The modules and classes Triton's interpreter patches while it runs a kernel."""
+    import triton.language as tl
+
+    found = [tl, tl.core, tl.math, tl.core.tensor, tl.core.tensor_descriptor_base]
+    found += [m for n, m in sys.modules.items() if n.startswith("triton.language.") and m]
+    return list({id(o): o for o in found}.values())
+
+
+def _restore(namespaces: list[tuple[object, dict]]) -> None:
+    """Put back every name that was there before and now differs, and remove what was added to
+    a class (a patched method shadowing an inherited one). Names added to a module stay: the
+    interpreter's rewritten functions live in those modules and read the helpers it put beside
+    them."""
+    for owner, saved in namespaces:
+        current = vars(owner)
+        if isinstance(owner, type):
+            for name in [n for n in current if n not in saved]:
+                delattr(owner, name)
+        for name, value in saved.items():
+            if current.get(name, _MISSING) is not value:
+                setattr(owner, name, value)
+
+
+_MISSING = object()
+
+
 @contextlib.contextmanager
 def interpreted_language():
-    """Triton's library functions interpreted for the duration (one thread at a time)."""
+    """Triton's library functions interpreted for the duration (one thread at a time), and
+    every name of Triton's language put back afterwards: the interpreter patches the language
+    for each call of a library function from inside a kernel and never restores those patches,
+    which would leave later compiled builds in this process (``aot``) with interpreter
+    semantics."""
     with _SWAP_LOCK:
         swaps = _library_swaps()
+        saved = [(owner, dict(vars(owner))) for owner in _language_namespaces()]
         for module, attr, _, interpreted in swaps:
             setattr(module, attr, interpreted)
         try:
             yield
         finally:
-            for module, attr, compiled, _ in swaps:
-                setattr(module, attr, compiled)
+            _restore(saved)
 
 
 @functools.cache
