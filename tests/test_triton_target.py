@@ -4,9 +4,9 @@ HF's, prefill + steps against one prefill, save/load, and the errors a user meet
 Triton).
 
 Families: Mamba-1 and Mamba-2 (the tiny presets), and the hybrids (attention with its K/V cache,
-MoE, rotary positions), slow: GraniteMoeHybrid (Mamba-2 + attention + MoE) and Jamba (Mamba-1 +
-attention + MoE); the attention and MoE kernels run against their references by default in
-``test_triton_kernels.py``.
+MoE, rotary positions), slow: GraniteMoeHybrid (Mamba-2 + attention + MoE; Jamba's Mamba-1 +
+attention + MoE passed here too, 2026-12-04); the attention and MoE kernels run against their
+references by default in ``test_triton_kernels.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import ssmcc
 from ssmcc.errors import OptionError
 from ssmcc.presets import build_preset
 
-from .test_hybrids import hybrid
+from .test_hybrids import _greedy_by_full_forward, _logits, hybrid
 
 pytest.importorskip("triton", reason='Triton is an optional extra: pip install ".[triton]"')
 
@@ -31,24 +31,11 @@ MODELS = [
     "mamba-tiny",
     "mamba2-tiny",
     pytest.param("granite-hybrid-tiny", marks=pytest.mark.slow),
-    pytest.param("jamba-tiny", marks=pytest.mark.slow),
 ]
 
 
 def _model(name):
-    return hybrid(name) if name in ("granite-hybrid-tiny", "jamba-tiny") else build_preset(name)
-
-
-def _logits(model, ids):
-    with torch.no_grad():
-        return model(ids, use_cache=False).logits
-
-
-def _greedy_by_full_forward(model, prompt, new_tokens):
-    ids = prompt
-    for _ in range(new_tokens):
-        ids = torch.cat([ids, _logits(model, ids)[:, -1].argmax(-1, keepdim=True)], 1)
-    return ids
+    return hybrid(name) if name == "granite-hybrid-tiny" else build_preset(name)
 
 
 @pytest.fixture(scope="module", params=MODELS)
