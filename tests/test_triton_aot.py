@@ -40,7 +40,9 @@ def _check_manifest(folder, specs, archs):
     assert {(e["specialization"], e["arch"]) for e in entries} == {
         (s.key, a) for s in specs for a in archs
     }
+    by_key = {s.key: s for s in specs}
     for entry in entries:
+        spec = by_key[entry["specialization"]]
         ptx = (folder / entry["ptx"]).read_text()
         cubin = (folder / entry["cubin"]).read_bytes()
         assert f".entry {entry['entry']}(" in ptx and cubin[:4] == b"\x7fELF"
@@ -52,7 +54,10 @@ def _check_manifest(folder, specs, archs):
         assert entry["grid"]["rule"] == GRID_RULES[entry["kernel"]]
         assert all(g >= 1 for g in entry["grid"]["recorded"])
         assert entry["num_warps"] >= 1 and entry["shared_bytes"] >= 0
-        assert set(entry["constexprs"]) >= {n for n in entry["constexprs"] if n.isupper()}
+        # the launch's constants and run-time parameters are the recorded specialisation's
+        assert entry["constexprs"] == {n: aot._json_value(v) for n, v in spec.constexprs}
+        runtime = [[n, t] for n, t in spec.signature if t != "constexpr"]
+        assert entry["params"] == runtime + [["global_scratch", "*i8"], ["profile_scratch", "*i8"]]
     return manifest
 
 

@@ -24,6 +24,8 @@ from ssmcc.kernels.triton.rmsnorm_gated import rmsnorm_gated_fwd
 from ssmcc.kernels.triton.selective_scan import selective_scan_fwd
 from ssmcc.kernels.triton.ssd_scan import ssd_scan_fwd
 from ssmcc.kernels.triton.state_update import selective_state_update_fwd, ssd_state_update_fwd
+from ssmcc.ops.mamba_mixer import mamba_mixer_sizes
+from ssmcc.ops.ssd_mixer import mixer_pieces, mixer_sizes, split_xbc
 
 F32 = torch.float32
 
@@ -67,7 +69,8 @@ def mamba_mixer_fwd(
 ):
     """``mamba_mixer`` on Triton: zx (b, l, w) -> (y (b, l, d), conv_state, ssm_state)."""
     batch, length, _ = zx.shape
-    dim, rank, state = conv_weight.shape[0], dt_proj_weight.shape[1], A.shape[1]
+    s = mamba_mixer_sizes(conv_weight, x_proj_weight, dt_proj_weight, A)
+    dim, rank, state = s["channels"], s["rank"], s["state"]
     x = zx[..., x_offset : x_offset + dim].transpose(1, 2)
     z = None if z_offset < 0 else zx[..., z_offset : z_offset + dim].transpose(1, 2)
     xc = torch.empty((batch, length, dim), dtype=F32, device=zx.device)
@@ -114,7 +117,8 @@ def mamba_mixer_step_fwd(
     dt_proj_scale=None,
 ):
     """``mamba_mixer_step`` on Triton: zx (b, w) -> (y (b, d), conv_state, ssm_state)."""
-    dim, rank, state = conv_weight.shape[0], dt_proj_weight.shape[1], A.shape[1]
+    s = mamba_mixer_sizes(conv_weight, x_proj_weight, dt_proj_weight, A)
+    dim, rank, state = s["channels"], s["rank"], s["state"]
     x = zx[:, x_offset : x_offset + dim]
     z = None if z_offset < 0 else zx[:, z_offset : z_offset + dim]
     xc = torch.empty((zx.shape[0], dim), dtype=F32, device=zx.device)
@@ -128,19 +132,6 @@ def mamba_mixer_step_fwd(
         ssm_state, xc, dt, A, B, C, D, z, dt_bias, delta_softplus, out_dtype=zx.dtype
     )
     return y, conv_new, ssm_new
-
-
-def _ssd_sizes(conv_weight, A, norm_weight, groups):
-    heads, inner, channels = A.shape[0], norm_weight.shape[0], conv_weight.shape[0]
-    return heads, inner // heads, inner, (channels - inner) // (2 * groups), channels
-
-
-def _split_xbc(conv, heads, head_dim, inner, groups, state):
-    gn = groups * state
-    x = conv[..., :inner].unflatten(-1, (heads, head_dim))
-    B = conv[..., inner : inner + gn].unflatten(-1, (groups, state))
-    C = conv[..., inner + gn : inner + 2 * gn].unflatten(-1, (groups, state))
-    return x, B, C
 
 
 def ssd_mixer_fwd(
@@ -167,20 +158,23 @@ def ssd_mixer_fwd(
 ):
     """``ssd_mixer`` on Triton: zxbcdt (b, l, w) -> (y (b, l, d), conv_state, ssm_state)."""
     batch, length, _ = zxbcdt.shape
-    heads, head_dim, inner, state, channels = _ssd_sizes(conv_weight, A, norm_weight, groups)
-    device = zxbcdt.device
-    xbc = zxbcdt[..., xbc_offset : xbc_offset + channels].transpose(1, 2)
-    conv = torch.empty((batch, length, channels), dtype=F32, device=device)
+    s = mixer_sizes(conv_weight, A, norm_weight, groups)
+    inner, device = s["inner"], zxbcdt.device
+    z, xbc, dt = mixer_pieces(zxbcdt, s, z_offset, xbc_offset, dt_offset)
+    conv = torch.empty((batch, length, s["channels"]), dtype=F32, device=device)
     _, conv_last = causal_conv1d_fwd(
-        xbc, conv_weight, conv_bias, conv_state, activation, out=conv.transpose(1, 2)
+        xbc.transpose(1, 2),
+        conv_weight,
+        conv_bias,
+        conv_state,
+        activation,
+        out=conv.transpose(1, 2),
     )
-    x, B, C = _split_xbc(conv, heads, head_dim, inner, groups, state)
-    dt = zxbcdt[..., dt_offset : dt_offset + heads]
-    scanned = torch.empty((batch, length, heads, head_dim), dtype=F32, device=device)
+    x, B, C = split_xbc(conv, s)
+    scanned = torch.empty((batch, length, s["heads"], s["head_dim"]), dtype=F32, device=device)
     _, ssm_last = ssd_scan_fwd(
         x, dt, A, B, C, D, None, dt_bias, dt_softplus, dt_min, dt_max, ssm_state, out=scanned
     )
-    z = None if z_offset < 0 else zxbcdt[..., z_offset : z_offset + inner]
     y = torch.empty((batch, length, inner), dtype=zxbcdt.dtype, device=device)
     rmsnorm_gated_fwd(
         scanned.view(batch, length, inner),
@@ -218,21 +212,18 @@ def ssd_mixer_step_fwd(
 ):
     """``ssd_mixer_step`` on Triton: zxbcdt (b, w) -> (y (b, d), conv_state, ssm_state)."""
     batch = zxbcdt.shape[0]
-    heads, head_dim, inner, state, channels = _ssd_sizes(conv_weight, A, norm_weight, groups)
-    conv = torch.empty((batch, channels), dtype=F32, device=zxbcdt.device)
+    s = mixer_sizes(conv_weight, A, norm_weight, groups)
+    inner = s["inner"]
+    z, xbc, dt = mixer_pieces(zxbcdt, s, z_offset, xbc_offset, dt_offset)
+    conv = torch.empty((batch, s["channels"]), dtype=F32, device=zxbcdt.device)
     _, conv_new = causal_conv1d_update_fwd(
-        zxbcdt[:, xbc_offset : xbc_offset + channels],
-        conv_state,
-        conv_weight,
-        conv_bias,
-        activation,
-        out=conv,
+        xbc, conv_state, conv_weight, conv_bias, activation, out=conv
     )
-    x, B, C = _split_xbc(conv, heads, head_dim, inner, groups, state)
+    x, B, C = split_xbc(conv, s)
     scanned, ssm_new = ssd_state_update_fwd(
         ssm_state,
         x,
-        zxbcdt[:, dt_offset : dt_offset + heads],
+        dt,
         A,
         B,
         C,
@@ -243,7 +234,6 @@ def ssd_mixer_step_fwd(
         dt_min,
         dt_max,
     )
-    z = None if z_offset < 0 else zxbcdt[:, z_offset : z_offset + inner]
     y = torch.empty((batch, inner), dtype=zxbcdt.dtype, device=zxbcdt.device)
     rmsnorm_gated_fwd(
         scanned.view(batch, inner), z, norm_weight, norm_group_size, eps, norm_before_gate, out=y

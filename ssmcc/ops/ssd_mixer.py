@@ -145,14 +145,14 @@ def check_ssd_mixer_args(
     )
 
 
-def _pieces(zxbcdt: Tensor, s: dict, z_offset: int, xbc_offset: int, dt_offset: int):
+def mixer_pieces(zxbcdt: Tensor, s: dict, z_offset: int, xbc_offset: int, dt_offset: int):
     """(z or None, xBC, dt) as slices of the last axis."""
     z = None if z_offset < 0 else zxbcdt[..., z_offset : z_offset + s["inner"]]
     xbc = zxbcdt[..., xbc_offset : xbc_offset + s["channels"]]
     return z, xbc, zxbcdt[..., dt_offset : dt_offset + s["heads"]]
 
 
-def _split_xbc(xbc: Tensor, s: dict):
+def split_xbc(xbc: Tensor, s: dict):
     """x (..., h, p), B and C (..., g, n) of the conv's output (..., c)."""
     gn = s["groups"] * s["state"]
     x, B, C = xbc.split([s["inner"], gn, gn], dim=-1)
@@ -206,11 +206,11 @@ def ssd_mixer_ref(
         time_axis=True,
     )
     s = mixer_sizes(conv_weight, A, norm_weight, groups)
-    z, xbc, dt = _pieces(zxbcdt.float(), s, z_offset, xbc_offset, dt_offset)
+    z, xbc, dt = mixer_pieces(zxbcdt.float(), s, z_offset, xbc_offset, dt_offset)
     conv_out, conv_last = causal_conv1d_ref(
         xbc.transpose(1, 2), conv_weight, conv_bias, conv_state, activation
     )
-    x, B, C = _split_xbc(conv_out.transpose(1, 2), s)
+    x, B, C = split_xbc(conv_out.transpose(1, 2), s)
     y, ssm_last = ssd_scan_ref(
         x, dt, A, B, C, D, None, dt_bias, dt_softplus, dt_min, dt_max, ssm_state
     )
@@ -261,11 +261,11 @@ def ssd_mixer_step_ref(
         time_axis=False,
     )
     s = mixer_sizes(conv_weight, A, norm_weight, groups)
-    z, xbc, dt = _pieces(zxbcdt.float(), s, z_offset, xbc_offset, dt_offset)
+    z, xbc, dt = mixer_pieces(zxbcdt.float(), s, z_offset, xbc_offset, dt_offset)
     conv_out, conv_new = causal_conv1d_update_ref(
         xbc, conv_state, conv_weight, conv_bias, activation
     )
-    x, B, C = _split_xbc(conv_out, s)
+    x, B, C = split_xbc(conv_out, s)
     y, ssm_new = ssd_state_update_ref(
         ssm_state, x, dt, A, B, C, D, None, dt_bias, dt_softplus, dt_min, dt_max
     )
