@@ -150,3 +150,23 @@ def test_every_tensor_the_programs_read_moves_to_the_device(name):
         read = [getattr(module, n.target) for n in module.graph.nodes if n.op == "get_attr"]
         read = [v for v in read if isinstance(v, torch.Tensor)]
         assert read and all(v.device.type == "meta" for v in read), graph
+
+
+def test_lowering_leaves_the_programs_weights_where_they_are():
+    """Lowering moves a copy: CPU -> CUDA (like a dtype change on the CPU, used here) would
+    otherwise move the captured program's parameters in place (found on a GPU: every stateful
+    graph derived after the first lowering failed with tensors on two devices)."""
+    from ssmcc.lowering.triton.target import moved_without_sharing
+
+    model = build_preset("mamba-tiny").eval()
+    program = ssmcc.compile(model, target="torch").executable.programs.program("forward")
+    module = program.module()
+    before = {name: (p, p.dtype) for name, p in module.named_parameters()}
+    memo = {}
+    moved = moved_without_sharing(module, lambda t: t.to(torch.float64), memo)
+    assert {p.dtype for p in moved.parameters()} == {torch.float64}
+    again = moved_without_sharing(program.module(), lambda t: t.to(torch.float64), memo)
+    assert {id(p) for p in again.parameters()} == {id(p) for p in moved.parameters()}
+    assert all(p.dtype == dtype for p, dtype in before.values())
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert {v.dtype for v in program.state_dict.values()} == {torch.float32}

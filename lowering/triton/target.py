@@ -25,8 +25,11 @@ from ssmcc.ops import SSMCC_OPS, SSMCC_REFERENCES, is_ssmcc_op
 from ssmcc.passes.program_set import STATEFUL_GRAPHS, ProgramSet
 
 
-def lower_to_triton(program, kernels: str, device: torch.device) -> torch.nn.Module:
-    """The program as a module on ``device`` whose ssmcc ops call Triton launchers."""
+def lower_to_triton(
+    program, kernels: str, device: torch.device, memo: dict | None = None
+) -> torch.nn.Module:
+    """The program as a module on ``device`` whose ssmcc ops call Triton launchers (weights
+    copied there once per ``memo``, see ``moved_without_sharing``)."""
     from ssmcc.kernels.triton.registry import TRITON_KERNELS
 
     table = TRITON_KERNELS if kernels == "auto" else SSMCC_REFERENCES
@@ -37,7 +40,30 @@ def lower_to_triton(program, kernels: str, device: torch.device) -> torch.nn.Mod
     module.recompile()
     fold_weight_expressions(module)
     flatten_weight_attributes(module)
-    return module.to(device)
+    return moved_without_sharing(module, lambda t: t.to(device), {} if memo is None else memo)
+
+
+def moved_without_sharing(module: torch.nn.Module, convert, memo: dict) -> torch.nn.Module:
+    """``module`` with every parameter and buffer replaced by ``convert(tensor)``, a new object.
+
+    ``program.module()`` shares its parameters with the captured program (and so with the
+    user's model); ``module.to(device)`` moves a parameter in place (``param.data = ...``) when
+    the two tensor types allow it, as CPU -> CUDA does, which would move the program's own
+    weights and break every program derived from it later (the stateful graphs are derived on
+    first use). ``memo`` (source tensor id -> converted) lets the graphs of one executable share
+    one copy of each weight on the device."""
+    for sub in module.modules():
+        for table in (sub._parameters, sub._buffers):
+            for name, tensor in table.items():
+                if tensor is None:
+                    continue
+                if id(tensor) not in memo:
+                    converted = convert(tensor.detach())
+                    if isinstance(tensor, torch.nn.Parameter):
+                        converted = torch.nn.Parameter(converted, requires_grad=False)
+                    memo[id(tensor)] = (tensor, converted)  # the source kept: its id stays unique
+                table[name] = memo[id(tensor)][1]
+    return module
 
 
 class TritonExecutable:
@@ -49,6 +75,7 @@ class TritonExecutable:
         self.device = device
         self.specs = programs.specs
         self._modules: dict[str, torch.nn.Module] = {}
+        self._on_device: dict = {}  # one copy of each weight on the device, for every graph
 
     @property
     def graphs(self) -> tuple[str, ...]:
@@ -56,7 +83,9 @@ class TritonExecutable:
 
     def module(self, graph: str) -> torch.nn.Module:
         if graph not in self._modules:
-            module = lower_to_triton(self.programs.program(graph), self.kernels, self.device)
+            module = lower_to_triton(
+                self.programs.program(graph), self.kernels, self.device, self._on_device
+            )
             if graph in STATEFUL_GRAPHS:
                 module.validate_inputs = False  # CompiledModel checked the ids and states
             self._modules[graph] = module
