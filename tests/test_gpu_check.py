@@ -47,3 +47,25 @@ def test_gpu_check_says_it_needs_a_gpu():
         timeout=300,
     )
     assert result.returncode == 2 and "--dry" in result.stderr
+
+
+@pytest.mark.slow
+def test_gpu_models_dry_run(tmp_path):
+    """``benchmarks/gpu_models.py --dry``: the tiny presets through the triton target in the
+    interpreter, against HF, with every timing path taken."""
+    out = tmp_path / "models.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_models.py"), "--dry", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    report = json.loads(out.read_text())
+    assert report["dry"] and report["all_ok"]
+    assert [row["model"] for row in report["rows"]] == ["mamba-tiny", "mamba2-tiny"]
+    for row in report["rows"]:
+        assert row["greedy_equal"] == row["greedy_of"]
+        assert row["prefill_ms"] > 0 and row["hf_decode_ms"] > 0
