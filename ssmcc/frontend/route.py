@@ -11,6 +11,8 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping
 
+import torch
+
 
 @dataclasses.dataclass(frozen=True)
 class Route:
@@ -41,6 +43,7 @@ ACTIVE_ROUTINGS: list[RoutingRecord] = []
 
 
 def record_routed_call(op_name: str) -> None:
-    """Called by replacement functions; counts the call in the innermost active routing."""
-    if ACTIVE_ROUTINGS:
+    """Called by replacement functions; counts the call in the innermost active routing. Not
+    while Dynamo traces: it would guard on the count and recompile on every call."""
+    if ACTIVE_ROUTINGS and not torch.compiler.is_compiling():
         ACTIVE_ROUTINGS[-1].calls[op_name] += 1

@@ -1,0 +1,178 @@
+"""``torch.compile(model, backend="ssmcc")``: a Dynamo backend that keeps ssmcc's scan kernels.
+
+Dynamo hands the backend an FX graph of torch calls. The backend lowers it to ATen inside
+inductor's ``compile_fx`` (AOT autograd, inference) and reads the ATen graph there before
+inductor generates code for it: every ``torch.ops.ssmcc.*`` node stays an opaque call that runs
+the op's registered kernel (C++ on the CPU), and inductor fuses and generates code for the ATen
+remainder. ``inner="eager"`` runs the ATen graph eagerly instead (no code generation: seconds to
+compile, for debugging).
+
+Where the scans come from. Hugging Face's Mamba mixers trace, under Dynamo, into their own
+whole-sequence code (Mamba-1's ``associative_scan`` becomes vmapped slicing, no scan op survives);
+``enable_routes(model)`` installs ssmcc's routes for the model's classes (the same replacements
+capture uses) so the mixers call the ssmcc ops and Dynamo records those. The routes stay installed
+until ``disable()`` (or the end of a ``with`` block): Dynamo guards on the functions it traced,
+so removing them recompiles the model back to Hugging Face's code.
+
+The backend's own record: ``CALLS`` counts the graphs it compiled, and ``GRAPHS`` keeps the last
+ATen graphs it produced (with the ssmcc ops found in each) for inspection; ``explain()`` says, in
+one line per graph, what was found; the ``ssmcc.dynamo`` logger says it at INFO.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+
+import torch
+from torch import nn
+
+import ssmcc.kernels.cpu.registration  # noqa: F401  (their C++ kernels on the CPU)
+import ssmcc.ops  # noqa: F401  (torch.ops.ssmcc.* registered before a graph reaches us)
+from ssmcc.errors import OptionError
+from ssmcc.ops import is_ssmcc_op
+
+LOG = logging.getLogger("ssmcc.dynamo")
+INNER = ("inductor", "eager")
+KEEP_GRAPHS = 16
+
+
+@dataclasses.dataclass
+class CompiledGraph:
+    """One ATen graph the backend produced: the ssmcc ops in it and who runs the rest."""
+
+    graph_module: torch.fx.GraphModule
+    ssmcc_ops: collections.Counter
+    inner: str
+    routed: bool  # ssmcc's routes were installed when the graph was traced
+
+    def summary(self) -> str:
+        if not self.ssmcc_ops:
+            hint = (
+                " (routes were on: a path they do not cover, such as Hugging Face's cached "
+                "decode step)"
+                if self.routed
+                else " (for a Hugging Face model, ssmcc.enable_routes(model) before the first "
+                "call routes its mixers to the ssmcc ops)"
+            )
+            return (
+                f"no ssmcc op in this graph ({len(self.graph_module.graph.nodes)} nodes): "
+                f"{self.inner} runs all of it{hint}"
+            )
+        ops = ", ".join(f"{n} {op}" for op, n in sorted(self.ssmcc_ops.items()))
+        return f"{ops} on ssmcc's kernels; {self.inner} runs the rest"
+
+
+CALLS: collections.Counter = collections.Counter()  # "graphs" compiled, by inner compiler
+GRAPHS: collections.deque = collections.deque(maxlen=KEEP_GRAPHS)
+
+
+def ssmcc_ops_in(graph_module: torch.fx.GraphModule) -> collections.Counter:
+    return collections.Counter(
+        node.target._opname
+        for node in graph_module.graph.nodes
+        if node.op == "call_function" and is_ssmcc_op(node.target)
+    )
+
+
+def _record(graph_module: torch.fx.GraphModule, inner: str) -> None:
+    from ssmcc.frontend.route import ACTIVE_ROUTINGS
+
+    compiled = CompiledGraph(
+        graph_module, ssmcc_ops_in(graph_module), inner, routed=bool(ACTIVE_ROUTINGS)
+    )
+    CALLS["graphs", inner] += 1
+    GRAPHS.append(compiled)
+    LOG.info("ssmcc backend: %s", compiled.summary())
+
+
+def explain() -> str:
+    """One line per graph the backend compiled (the last ``KEEP_GRAPHS``)."""
+    if not GRAPHS:
+        return "the ssmcc backend has compiled no graph in this process"
+    return "\n".join(f"graph {i}: {g.summary()}" for i, g in enumerate(GRAPHS))
+
+
+def dynamo_backend(inner: str = "inductor"):
+    """The backend with options: ``torch.compile(model, backend=ssmcc.dynamo_backend(...))``.
+
+    ``inner``: what runs the ATen graph around the ssmcc ops, ``"inductor"`` (generated code)
+    or ``"eager"`` (ATen ops one by one: compiles in seconds)."""
+    if inner not in INNER:
+        raise OptionError(f"inner must be one of {', '.join(INNER)}, got {inner!r}")
+
+    def backend(graph_module: torch.fx.GraphModule, example_inputs):
+        if inner == "eager":
+            from torch._functorch.aot_autograd import aot_module_simplified
+
+            def keep(aten_graph, _inputs):
+                _record(aten_graph, inner)
+                return aten_graph
+
+            return aot_module_simplified(graph_module, example_inputs, fw_compiler=keep)
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+        def inner_compile(aten_graph, inputs, **keywords):
+            _record(aten_graph, inner)
+            return compile_fx_inner(aten_graph, inputs, **keywords)
+
+        # AOT autograd's cache would hand back a compiled graph without showing it to us;
+        # inductor's own cache (inside compile_fx_inner) still spares the code generation.
+        with torch._functorch.config.patch(enable_autograd_cache=False):
+            return compile_fx(graph_module, example_inputs, inner_compile=inner_compile)
+
+    backend.__name__ = f"ssmcc_{inner}"
+    return backend
+
+
+# The backend registered as "ssmcc" (entry point ``torch_dynamo_backends`` in pyproject.toml).
+ssmcc_backend = dynamo_backend()
+
+
+class Routes:
+    """ssmcc's routes installed for a model's classes until ``disable()`` (see the module
+    docstring); also a context manager."""
+
+    def __init__(self, model: nn.Module):
+        from ssmcc.frontend.routes import routed
+
+        self._context = routed(model)
+        self.record = self._context.__enter__()
+        self.active = True
+
+    def disable(self) -> None:
+        if self.active:
+            self.active = False
+            self._context.__exit__(None, None, None)
+
+    def __enter__(self) -> Routes:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.disable()
+
+
+def enable_routes(model: nn.Module) -> Routes:
+    """Have ``model``'s Hugging Face mixers call the ssmcc ops (for ``torch.compile``): returns
+    the handle whose ``disable()`` restores the library. Raises if no route knows the model."""
+    from ssmcc.frontend.routes import routes_for
+
+    if not routes_for(model):
+        raise OptionError(
+            f"no ssmcc route knows the classes of {type(model).__name__} (routes exist for the "
+            "Hugging Face Mamba, Mamba-2 and hybrid families); a hand-written model needs none: "
+            "torch.compile(model, backend='ssmcc') reads its graph as it is"
+        )
+    return Routes(model)
+
+
+@contextlib.contextmanager
+def routes_enabled(model: nn.Module):
+    """``with ssmcc.routes_enabled(model): ...``: ``enable_routes`` for the block."""
+    routes = enable_routes(model)
+    try:
+        yield routes
+    finally:
+        routes.disable()

@@ -1,0 +1,134 @@
+"""``torch.compile(model, backend="ssmcc")``: Hugging Face Mamba-1, FalconMamba and Mamba-2 models
+with ssmcc's routes on (``ssmcc.enable_routes``), against the same model run eagerly without them
+(1e-4, fp32): no recompile across lengths 7..2048 (dynamic shapes, Dynamo's own counters), one
+scan op per layer in the ATen graph the backend produced, HF ``generate`` after
+``model.compile(backend="ssmcc")``, the entry point in a fresh interpreter, and the errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import ssmcc
+import ssmcc.dynamo
+from ssmcc.errors import OptionError
+from ssmcc.presets import build_preset
+
+TOLERANCE = 1e-4
+SHAPES = [(1, 7), (3, 64), (1, 300), (3, 2048)]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    ssmcc.dynamo.GRAPHS.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _eager_logits(model, shapes):
+    inputs = {
+        shape: torch.randint(
+            0, model.config.vocab_size, shape, generator=torch.Generator().manual_seed(shape[1])
+        )
+        for shape in shapes
+    }
+    with torch.no_grad():
+        return inputs, {s: model(ids, use_cache=False).logits for s, ids in inputs.items()}
+
+
+@pytest.mark.parametrize(
+    "name, scan, inner",
+    [
+        ("mamba-tiny", "selective_scan", "inductor"),
+        ("falcon-mamba-tiny", "selective_scan", "eager"),
+        ("mamba2-tiny", "ssd_scan", "eager"),
+    ],
+)
+def test_logits_match_eager_at_every_length_with_one_graph(name, scan, inner):
+    model = build_preset(name).eval()
+    inputs, expected = _eager_logits(model, SHAPES)
+    backend = "ssmcc" if inner == "inductor" else ssmcc.dynamo_backend(inner=inner)
+    with ssmcc.routes_enabled(model):
+        compiled = torch.compile(model, backend=backend, dynamic=True)
+        for shape, ids in inputs.items():
+            with torch.no_grad():
+                logits = compiled(ids, use_cache=False).logits
+            assert (logits - expected[shape]).abs().max() <= TOLERANCE, shape
+    # Lengths never recompile; batch 1 is a second graph (Dynamo specialises sizes 0 and 1).
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
+    graphs = list(ssmcc.dynamo.GRAPHS)
+    assert len(graphs) == torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for graph in graphs:
+        assert graph.inner == inner
+        assert graph.ssmcc_ops[scan] == model.config.num_hidden_layers
+    assert "on ssmcc's kernels" in ssmcc.dynamo.explain()
+
+
+def test_generate_after_model_compile_gives_eager_tokens():
+    model = build_preset("mamba-tiny").eval()
+    prompt = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator())
+    settings = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=0)
+    expected = model.generate(prompt, **settings)
+    before = sum(ssmcc.dynamo.CALLS.values())
+    with ssmcc.routes_enabled(model):
+        model.compile(backend=ssmcc.dynamo_backend(inner="eager"))
+        try:
+            tokens = model.generate(prompt, **settings)
+        finally:
+            model._compiled_call_impl = None  # the module's forward back to eager
+    assert torch.equal(tokens, expected)
+    assert sum(ssmcc.dynamo.CALLS.values()) > before
+    prefill = [g for g in ssmcc.dynamo.GRAPHS if g.ssmcc_ops]
+    assert prefill and prefill[0].ssmcc_ops["selective_scan"] == model.config.num_hidden_layers
+
+
+def test_without_routes_the_backend_compiles_hf_code_and_says_why_no_scan():
+    model = build_preset("mamba-tiny").eval()
+    inputs, expected = _eager_logits(model, [(2, 9)])
+    compiled = torch.compile(model, backend=ssmcc.dynamo_backend(inner="eager"))
+    with torch.no_grad():
+        logits = compiled(inputs[2, 9], use_cache=False).logits
+    assert (logits - expected[2, 9]).abs().max() <= TOLERANCE
+    assert "ssmcc.enable_routes(model)" in ssmcc.dynamo.explain()
+
+
+def test_routes_are_removed_by_disable():
+    import transformers.models.mamba.modeling_mamba as modeling
+
+    model = build_preset("mamba-tiny").eval()
+    before = dict(vars(modeling))
+    routes = ssmcc.enable_routes(model)
+    assert any(vars(modeling)[k] is not v for k, v in before.items())
+    routes.disable()
+    routes.disable()  # a second disable does nothing
+    assert all(vars(modeling)[k] is v for k, v in before.items())
+
+
+def test_errors():
+    with pytest.raises(OptionError, match="inner must be one of"):
+        ssmcc.dynamo_backend(inner="tensorrt")
+    with pytest.raises(OptionError, match="no ssmcc route knows"):
+        ssmcc.enable_routes(torch.nn.Linear(2, 2))
+
+
+def test_backend_is_found_without_importing_ssmcc():
+    """The ``torch_dynamo_backends`` entry point (pyproject.toml), in a fresh interpreter."""
+    code = (
+        "import sys, torch\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.SiLU())\n"
+        "x = torch.randn(2, 4)\n"
+        "out = torch.compile(model, backend='ssmcc')(x)\n"
+        "assert torch.allclose(out, model(x), atol=1e-6)\n"
+        "assert 'ssmcc' in torch._dynamo.list_backends()\n"
+        "print('ssmcc imported by torch:', 'ssmcc.dynamo' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd="/"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ssmcc imported by torch: True" in result.stdout
