@@ -23,7 +23,7 @@ from collections import Counter
 import torch
 from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
-from torch.fx import Node
+from torch.fx import GraphModule, Node
 
 from ssmcc.ops import SSMCC_OPS
 from ssmcc.passes.dim_labels import make_emitter, shape
@@ -96,17 +96,24 @@ def _rewrite(node: Node) -> None:
 RULES = (NodeRule("padded_conv_slice", (aten.slice.Tensor,), _is_causal_cut, _rewrite),)
 
 
-def detect_causal_conv1d(program: ExportedProgram, ctx: PassContext) -> PassResult:
-    graph_module = program.graph_module
+def rewrite_causal_conv1d(graph_module: GraphModule, diagnostics: dict) -> Counter:
+    """The pass on an ATen graph, in place: hits by rule (empty: the graph is as it was)."""
     silu_before = sum(1 for n in graph_module.graph.nodes if n.target == aten.silu.default)
     hits, rejections = apply_rules(graph_module.graph, RULES)
     for reasons in rejections.values():
         reasons = [r for r in reasons if "input is not a conv1d" not in r]
         if reasons:
-            ctx.diagnostics.setdefault(f"{PASS_NAME}.padded_conv_slice", []).extend(reasons)
+            diagnostics.setdefault(f"{PASS_NAME}.padded_conv_slice", []).extend(reasons)
     if not hits:
-        return PassResult(program, False, Counter())
+        return Counter()
     folded = silu_before - sum(1 for n in graph_module.graph.nodes if n.target == aten.silu.default)
     if folded:
         hits["fold_silu"] = folded
-    return PassResult(rebuild_program(program, graph_module), True, hits)
+    return Counter(hits)
+
+
+def detect_causal_conv1d(program: ExportedProgram, ctx: PassContext) -> PassResult:
+    hits = rewrite_causal_conv1d(program.graph_module, ctx.diagnostics)
+    if not hits:
+        return PassResult(program, False, Counter())
+    return PassResult(rebuild_program(program, program.graph_module), True, hits)

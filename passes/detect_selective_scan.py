@@ -278,8 +278,9 @@ def _has_mutation(program: ExportedProgram) -> bool:
     )
 
 
-def _candidates(graph_module: GraphModule) -> list[tuple[str, Node]]:
-    """(rule, node) for every structure that may be a scan, in graph order."""
+def _candidates(graph_module: GraphModule, with_program: bool) -> list[tuple[str, Node]]:
+    """(rule, node) for every structure that may be a scan, in graph order (``chunked_ssd``
+    only with a program: its check runs the program's parameters)."""
     graph = graph_module.graph
     found = []
     for node in graph.nodes:
@@ -287,7 +288,7 @@ def _candidates(graph_module: GraphModule) -> list[tuple[str, Node]]:
             found.append(("unrolled_loop", node))
         elif node.op == "call_function" and node.target is torch.ops.higher_order.scan:
             found.append(("scan_op", node))
-        elif node.op == "call_function" and node.target == aten.cumsum.default:
+        elif with_program and node.op == "call_function" and node.target == aten.cumsum.default:
             found.append(("chunked_ssd", node))
     found += [("parallel_scan", exp) for exp in parallel_scan_candidates(graph, MAMBA1)]
     return found
@@ -297,9 +298,9 @@ class _Finder:
     """Reads a candidate with the finder of its rule; the data-flow graph the parallel-scan
     finder needs is built once and rebuilt after each rewrite."""
 
-    def __init__(self, program: ExportedProgram):
+    def __init__(self, graph_module: GraphModule, program: ExportedProgram | None):
         self.program = program
-        self.graph_module = program.graph_module
+        self.graph_module = graph_module
         self._dag = None
 
     def changed(self) -> None:
@@ -325,16 +326,15 @@ class _Finder:
         return match_scan(find_parallel_scan(node, self.dag(), MAMBA1))
 
 
-def detect_selective_scan(program: ExportedProgram, ctx: PassContext) -> PassResult:
-    original, hits = program, Counter()
-    if _has_mutation(program):
-        program = program.run_decompositions({})
-        hits["functionalize"] += 1
-    graph_module = program.graph_module
-    rejected = ctx.diagnostics
+def rewrite_scans(
+    graph_module: GraphModule, diagnostics: dict, program: ExportedProgram | None = None
+) -> Counter:
+    """The pass on a functional ATen graph, in place: hits by rule (empty: the graph is as it
+    was). Without ``program`` (a graph from ``torch.compile``) the ``chunked_ssd`` rule is off."""
+    hits: Counter = Counter()
     consumed: set = set()
-    find = _Finder(program)
-    for rule, node in _candidates(graph_module):
+    find = _Finder(graph_module, program)
+    for rule, node in _candidates(graph_module, program is not None):
         if node in consumed:
             continue
         try:
@@ -342,7 +342,7 @@ def detect_selective_scan(program: ExportedProgram, ctx: PassContext) -> PassRes
         except NotACandidate:
             continue
         except (Mismatch, ArrangeError) as error:
-            rejected.setdefault(f"{PASS_NAME}.{rule}", []).append(
+            diagnostics.setdefault(f"{PASS_NAME}.{rule}", []).append(
                 f"{location(node)}: {getattr(error, 'reason', error)}"
             )
             continue
@@ -355,12 +355,24 @@ def detect_selective_scan(program: ExportedProgram, ctx: PassContext) -> PassRes
         hits.update(match.folds)
         consumed |= _dead_after(graph_module)
         find.changed()
-    if not (set(hits) - {"functionalize"}):
+    if hits:
+        _restore_topological_order(graph_module.graph)
+        graph_module.graph.eliminate_dead_code()
+        graph_module.graph.lint()
+    return hits
+
+
+def detect_selective_scan(program: ExportedProgram, ctx: PassContext) -> PassResult:
+    original = program
+    functionalized = _has_mutation(program)
+    if functionalized:
+        program = program.run_decompositions({})
+    hits = rewrite_scans(program.graph_module, ctx.diagnostics, program)
+    if not hits:
         return PassResult(original, False, Counter())  # nothing found: the program as it was
-    _restore_topological_order(graph_module.graph)
-    graph_module.graph.eliminate_dead_code()
-    graph_module.graph.lint()
-    return PassResult(rebuild_program(program, graph_module), True, hits)
+    if functionalized:
+        hits["functionalize"] += 1
+    return PassResult(rebuild_program(program, program.graph_module), True, hits)
 
 
 def _dead_after(graph_module: GraphModule) -> set:

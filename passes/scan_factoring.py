@@ -311,10 +311,11 @@ class Readout:
 def read_contraction(
     node: Node, h: Node, h_labels: Labels, state: str, ctx: StepContext
 ) -> Readout:
-    """``node`` computes Σ over the state dim of h·C (matmul by a column, einsum, or sum of a
-    product); returns its output labels and C."""
+    """``node`` computes Σ over the state dim of h·C (matmul by a column -- ``bmm`` where AOT
+    autograd decomposed a batched matmul --, einsum, or sum of a product); returns its output
+    labels and C."""
     args = list(node.args)
-    if node.target == aten.matmul.default:
+    if node.target in (aten.matmul.default, aten.bmm.default):
         x_labels = labels_along(h, args[0], h_labels)
         require(x_labels is not None, f"{node.name}: the state is not the left matmul operand")
         other = args[1]

@@ -37,6 +37,15 @@ from ssmcc.ops import is_ssmcc_op
 LOG = logging.getLogger("ssmcc.dynamo")
 INNER = ("inductor", "eager")
 KEEP_GRAPHS = 16
+# Inductor decomposes these; the detection passes read them whole (Δ = softplus(δ + bias), the
+# gate silu(z), the stacked outputs of an unrolled loop, the readout's batched product), so they
+# are decomposed after the passes ran.
+HELD_BACK = (
+    torch.ops.aten.softplus.default,
+    torch.ops.aten.silu.default,
+    torch.ops.aten.stack.default,
+    torch.ops.aten.bmm.default,
+)
 
 
 @dataclasses.dataclass
@@ -47,6 +56,8 @@ class CompiledGraph:
     ssmcc_ops: collections.Counter
     inner: str
     routed: bool  # ssmcc's routes were installed when the graph was traced
+    rule_hits: collections.Counter  # the detection passes' rewrites in this graph, by rule
+    diagnostics: dict  # rule -> why a candidate was not rewritten
 
     def summary(self) -> str:
         if not self.ssmcc_ops:
@@ -62,7 +73,9 @@ class CompiledGraph:
                 f"{self.inner} runs all of it{hint}"
             )
         ops = ", ".join(f"{n} {op}" for op, n in sorted(self.ssmcc_ops.items()))
-        return f"{ops} on ssmcc's kernels; {self.inner} runs the rest"
+        found = ", ".join(f"{rule} {n}" for rule, n in sorted(self.rule_hits.items()))
+        found = f" (detected: {found})" if found else " (routed)"
+        return f"{ops} on ssmcc's kernels{found}; {self.inner} runs the rest"
 
 
 CALLS: collections.Counter = collections.Counter()  # "graphs" compiled, by inner compiler
@@ -77,11 +90,16 @@ def ssmcc_ops_in(graph_module: torch.fx.GraphModule) -> collections.Counter:
     )
 
 
-def _record(graph_module: torch.fx.GraphModule, inner: str) -> None:
+def _record(graph_module, inner: str, hits: collections.Counter, diagnostics: dict) -> None:
     from ssmcc.frontend.route import ACTIVE_ROUTINGS
 
     compiled = CompiledGraph(
-        graph_module, ssmcc_ops_in(graph_module), inner, routed=bool(ACTIVE_ROUTINGS)
+        graph_module,
+        ssmcc_ops_in(graph_module),
+        inner,
+        routed=bool(ACTIVE_ROUTINGS),
+        rule_hits=hits,
+        diagnostics=diagnostics,
     )
     CALLS["graphs", inner] += 1
     GRAPHS.append(compiled)
@@ -95,6 +113,79 @@ def explain() -> str:
     return "\n".join(f"graph {i}: {g.summary()}" for i, g in enumerate(GRAPHS))
 
 
+def rewrite_graph(aten_graph: torch.fx.GraphModule) -> tuple[collections.Counter, dict]:
+    """ssmcc's detection passes on a functional ATen graph, in place: padded causal convs ->
+    ``causal_conv1d``, selective scans in the forms ``detect_selective_scan`` reads (a Python
+    loop Dynamo unrolled, torch's ``scan`` op, a parallel scan such as mamba.py's ``pscan``) ->
+    ``selective_scan`` / ``ssd_scan``. Returns the hits by rule and why candidates were not
+    rewritten."""
+    from ssmcc.passes.detect_causal_conv1d import rewrite_causal_conv1d
+    from ssmcc.passes.detect_selective_scan import rewrite_scans
+
+    diagnostics: dict = {}
+    hits = rewrite_causal_conv1d(aten_graph, diagnostics)
+    hits += rewrite_scans(aten_graph, diagnostics)
+    if hits:
+        aten_graph.recompile()
+    return hits, diagnostics
+
+
+def _aten_graph(graph_module, example_inputs, compile_aten):
+    """AOT autograd to a functional ATen graph (inference, no decompositions: the detection
+    passes read ATen as ``torch.export`` writes it), rewritten, then ``compile_aten(graph,
+    inputs)``."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    def forward_compiler(aten_graph, inputs):
+        hits, diagnostics = rewrite_graph(aten_graph)
+        _record(aten_graph, inner, hits, diagnostics)
+        return compile_aten(aten_graph, inputs)
+
+    inner = getattr(compile_aten, "inner", "eager")
+    # AOT autograd's cache would hand back a compiled graph without showing it to us.
+    with torch._functorch.config.patch(enable_autograd_cache=False):
+        return aot_module_simplified(
+            graph_module,
+            example_inputs,
+            fw_compiler=forward_compiler,
+            decompositions=getattr(compile_aten, "decompositions", lambda: None)(),
+        )
+
+
+def _run_eagerly(aten_graph, _inputs):
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    return make_boxed_func(aten_graph.forward)
+
+
+def _inductor(aten_graph, inputs):
+    """Inductor on the rewritten graph, after the decompositions held back for the detection
+    passes (re-traced with the graph's own fake inputs: symbolic sizes stay symbolic)."""
+    from torch._guards import detect_fake_mode
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    table = select_decomp_table()
+    held_back = {op: table[op] for op in HELD_BACK if op in table}
+    if any(node.target in held_back for node in aten_graph.graph.nodes):
+        with detect_fake_mode(inputs):
+            aten_graph = make_fx(aten_graph, decomposition_table=held_back)(*inputs)
+    return compile_fx_inner(aten_graph, inputs)
+
+
+def _inductor_decompositions():
+    """Inductor's decompositions (its code generator needs them), but for the ops the
+    detection passes read."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    return {op: fn for op, fn in select_decomp_table().items() if op not in HELD_BACK}
+
+
+_run_eagerly.inner, _inductor.inner = "eager", "inductor"
+_inductor.decompositions = _inductor_decompositions
+
+
 def dynamo_backend(inner: str = "inductor"):
     """The backend with options: ``torch.compile(model, backend=ssmcc.dynamo_backend(...))``.
 
@@ -102,26 +193,10 @@ def dynamo_backend(inner: str = "inductor"):
     or ``"eager"`` (ATen ops one by one: compiles in seconds)."""
     if inner not in INNER:
         raise OptionError(f"inner must be one of {', '.join(INNER)}, got {inner!r}")
+    compile_aten = _inductor if inner == "inductor" else _run_eagerly
 
     def backend(graph_module: torch.fx.GraphModule, example_inputs):
-        if inner == "eager":
-            from torch._functorch.aot_autograd import aot_module_simplified
-
-            def keep(aten_graph, _inputs):
-                _record(aten_graph, inner)
-                return aten_graph
-
-            return aot_module_simplified(graph_module, example_inputs, fw_compiler=keep)
-        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
-
-        def inner_compile(aten_graph, inputs, **keywords):
-            _record(aten_graph, inner)
-            return compile_fx_inner(aten_graph, inputs, **keywords)
-
-        # AOT autograd's cache would hand back a compiled graph without showing it to us;
-        # inductor's own cache (inside compile_fx_inner) still spares the code generation.
-        with torch._functorch.config.patch(enable_autograd_cache=False):
-            return compile_fx(graph_module, example_inputs, inner_compile=inner_compile)
+        return _aten_graph(graph_module, example_inputs, compile_aten)
 
     backend.__name__ = f"ssmcc_{inner}"
     return backend

@@ -2,7 +2,8 @@
 with ssmcc's routes on (``ssmcc.enable_routes``), against the same model run eagerly without them
 (1e-4, fp32): no recompile across lengths 7..2048 (dynamic shapes, Dynamo's own counters), one
 scan op per layer in the ATen graph the backend produced, HF ``generate`` after
-``model.compile(backend="ssmcc")``, the entry point in a fresh interpreter, and the errors."""
+``model.compile(backend="ssmcc")``; hand-written scans (a loop, torch's ``scan`` op) found by the
+detection passes in the backend's graph; the entry point in a fresh interpreter; the errors."""
 
 from __future__ import annotations
 
@@ -67,6 +68,28 @@ def test_logits_match_eager_at_every_length_with_one_graph(name, scan, inner):
         assert graph.inner == inner
         assert graph.ssmcc_ops[scan] == model.config.num_hidden_layers
     assert "on ssmcc's kernels" in ssmcc.dynamo.explain()
+
+
+@pytest.mark.parametrize(
+    "form, rule, inner",
+    [("loop", "unrolled_loop", "inductor"), ("scan_op", "scan_op", "inductor")]
+    + [pytest.param("loop", "unrolled_loop", "eager", marks=pytest.mark.slow)],
+)
+def test_hand_written_scans_are_detected_in_the_backends_graph(form, rule, inner):
+    """A Python loop over time (unrolled by Dynamo: one graph per length) and torch's ``scan``
+    op become one ``selective_scan`` per layer, the same rules as on an exported program."""
+    from benchmarks.handwritten_mamba import build
+
+    model = build(form, layers=2).eval()
+    compiled = torch.compile(model, backend=ssmcc.dynamo_backend(inner=inner))
+    for length in (16, 33):
+        ids = torch.randint(0, 64, (2, length), generator=torch.Generator().manual_seed(length))
+        with torch.no_grad():
+            assert (compiled(ids) - model(ids)).abs().max() <= TOLERANCE, length
+    for graph in ssmcc.dynamo.GRAPHS:
+        assert graph.ssmcc_ops["selective_scan"] == 2
+        assert graph.rule_hits[rule] == 2 and graph.rule_hits["fold_gate"] == 2
+    assert "detected: " in ssmcc.dynamo.explain()
 
 
 def test_generate_after_model_compile_gives_eager_tokens():
