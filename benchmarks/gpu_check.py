@@ -312,8 +312,9 @@ def _result(device, dry, peak, peak_source, started, rows) -> dict:
     }
 
 
-def _write(result: dict, out: str | None) -> None:
-    """Written after every row: a run cut short by its time limit still leaves its rows."""
+def write_json(result: dict, out: str | None) -> None:
+    """Written whole (a temporary file, then renamed) after every row: a run cut short by its
+    time limit still leaves its rows."""
     if out:
         with open(out + ".tmp", "w") as f:
             json.dump(result, f, indent=1)
@@ -398,7 +399,7 @@ def run_check(dry: bool, out: str | None, budget_s: float = 270.0) -> dict:
             )
             rows.append(row)
             _print_row(row)
-            _write(_result(device, dry, peak, peak_source, started, rows), out)
+            write_json(_result(device, dry, peak, peak_source, started, rows), out)
             if not dry and length == COMPILED_AT and batch == 1 and dtype == torch.float32:
                 to_compile.append((row, size))
             if device.type == "cuda":
@@ -410,9 +411,9 @@ def run_check(dry: bool, out: str | None, budget_s: float = 270.0) -> dict:
         args = scan_args(row["op"], size, 1, COMPILED_AT, torch.float32, device, gen)
         _compiled_reference(SSMCC_REFERENCES[row["op"]], row, args, device, repeats)
         _print_row(row)
-        _write(_result(device, dry, peak, peak_source, started, rows), out)
+        write_json(_result(device, dry, peak, peak_source, started, rows), out)
     result = _result(device, dry, peak, peak_source, started, rows)
-    _write(result, out)
+    write_json(result, out)
     print(
         f"{sum(1 for r in rows if r.get('ok'))}/{len(rows)} ok in {result['seconds']:.0f} s; "
         f"peak {result['peak_GBps']} GB/s ({peak_source})"
@@ -438,6 +439,18 @@ def _print_row(row: dict) -> None:
     )
 
 
+def cuda_missing(script: str, dry_runs: str) -> bool:
+    """True, with the message, where torch sees no CUDA device."""
+    if torch.cuda.is_available():
+        return False
+    print(
+        f"{script}: no CUDA device (torch.cuda.is_available() is False); --dry runs "
+        f"{dry_runs} on the CPU in Triton's interpreter",
+        file=sys.stderr,
+    )
+    return True
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -453,12 +466,7 @@ def main(argv=None) -> int:
         help="seconds after which slow references and compiles are skipped",
     )
     args = parser.parse_args(argv)
-    if not args.dry and not torch.cuda.is_available():
-        print(
-            "gpu_check: no CUDA device (torch.cuda.is_available() is False); --dry runs the "
-            "same checks on the CPU in Triton's interpreter",
-            file=sys.stderr,
-        )
+    if not args.dry and cuda_missing("gpu_check", "the same checks"):
         return 2
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     result = run_check(args.dry, args.out, args.budget)

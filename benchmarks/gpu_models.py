@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import sys
 import time
@@ -145,6 +144,8 @@ def _print_row(row: dict) -> None:
 
 def run_models(dry: bool, out: str | None, budget_s: float, presets=None) -> dict:
     """Each preset in turn while ``budget_s`` lasts; JSON rewritten after every model."""
+    from benchmarks.gpu_check import write_json
+
     device = torch.device("cpu" if dry else "cuda")
     presets = presets or (DRY_PRESETS if dry else GPU_PRESETS)
     started = time.perf_counter()
@@ -169,10 +170,7 @@ def run_models(dry: bool, out: str | None, budget_s: float, presets=None) -> dic
         _print_row(row)
         result["seconds"] = time.perf_counter() - started
         result["all_ok"] = all(r.get("ok") for r in result["rows"] if r.get("ok") is not None)
-        if out:
-            with open(out + ".tmp", "w") as f:
-                json.dump(result, f, indent=1)
-            os.replace(out + ".tmp", out)
+        write_json(result, out)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return result
@@ -187,12 +185,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--models", nargs="*", help=f"presets (default: {' '.join(GPU_PRESETS)})")
     args = parser.parse_args(argv)
-    if not args.dry and not torch.cuda.is_available():
-        print(
-            "gpu_models: no CUDA device (torch.cuda.is_available() is False); --dry runs the "
-            "tiny presets on the CPU in Triton's interpreter",
-            file=sys.stderr,
-        )
+    from benchmarks.gpu_check import cuda_missing
+
+    if not args.dry and cuda_missing("gpu_models", "the tiny presets"):
         return 2
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     result = run_models(args.dry, args.out, args.budget, args.models)

@@ -35,7 +35,6 @@ from ssmcc.errors import OptionError
 from ssmcc.ops import is_ssmcc_op
 
 LOG = logging.getLogger("ssmcc.dynamo")
-INNER = ("inductor", "eager")
 KEEP_GRAPHS = 16
 # Inductor decomposes these; the detection passes read them whole (Δ = softplus(δ + bias), the
 # gate silu(z), the stacked outputs of an unrolled loop, the readout's batched product), so they
@@ -116,9 +115,9 @@ def explain() -> str:
 def rewrite_graph(aten_graph: torch.fx.GraphModule) -> tuple[collections.Counter, dict]:
     """ssmcc's detection passes on a functional ATen graph, in place: padded causal convs ->
     ``causal_conv1d``, selective scans in the forms ``detect_selective_scan`` reads (a Python
-    loop Dynamo unrolled, torch's ``scan`` op, a parallel scan such as mamba.py's ``pscan``) ->
-    ``selective_scan`` / ``ssd_scan``. Returns the hits by rule and why candidates were not
-    rewritten."""
+    loop Dynamo unrolled, torch's ``scan`` op; mamba.py's ``pscan`` is not found in Dynamo's
+    form yet) -> ``selective_scan`` / ``ssd_scan``. Returns the hits by rule and why
+    candidates were not rewritten."""
     from ssmcc.passes.detect_causal_conv1d import rewrite_causal_conv1d
     from ssmcc.passes.detect_selective_scan import rewrite_scans
 
@@ -128,28 +127,6 @@ def rewrite_graph(aten_graph: torch.fx.GraphModule) -> tuple[collections.Counter
     if hits:
         aten_graph.recompile()
     return hits, diagnostics
-
-
-def _aten_graph(graph_module, example_inputs, compile_aten):
-    """AOT autograd to a functional ATen graph (inference, no decompositions: the detection
-    passes read ATen as ``torch.export`` writes it), rewritten, then ``compile_aten(graph,
-    inputs)``."""
-    from torch._functorch.aot_autograd import aot_module_simplified
-
-    def forward_compiler(aten_graph, inputs):
-        hits, diagnostics = rewrite_graph(aten_graph)
-        _record(aten_graph, inner, hits, diagnostics)
-        return compile_aten(aten_graph, inputs)
-
-    inner = getattr(compile_aten, "inner", "eager")
-    # AOT autograd's cache would hand back a compiled graph without showing it to us.
-    with torch._functorch.config.patch(enable_autograd_cache=False):
-        return aot_module_simplified(
-            graph_module,
-            example_inputs,
-            fw_compiler=forward_compiler,
-            decompositions=getattr(compile_aten, "decompositions", lambda: None)(),
-        )
 
 
 def _run_eagerly(aten_graph, _inputs):
@@ -174,29 +151,47 @@ def _inductor(aten_graph, inputs):
     return compile_fx_inner(aten_graph, inputs)
 
 
-def _inductor_decompositions():
-    """Inductor's decompositions (its code generator needs them), but for the ops the
-    detection passes read."""
+def _inductor_decompositions() -> dict:
+    """Inductor's decompositions (its code generator needs them), but for ``HELD_BACK``."""
     from torch._inductor.decomposition import select_decomp_table
 
     return {op: fn for op, fn in select_decomp_table().items() if op not in HELD_BACK}
 
 
-_run_eagerly.inner, _inductor.inner = "eager", "inductor"
-_inductor.decompositions = _inductor_decompositions
+# inner -> (compiler of the rewritten ATen graph, decompositions AOT autograd applies first)
+INNER = {
+    "inductor": (_inductor, _inductor_decompositions),
+    "eager": (_run_eagerly, lambda: None),  # ATen as ``torch.export`` writes it
+}
 
 
 def dynamo_backend(inner: str = "inductor"):
     """The backend with options: ``torch.compile(model, backend=ssmcc.dynamo_backend(...))``.
 
     ``inner``: what runs the ATen graph around the ssmcc ops, ``"inductor"`` (generated code)
-    or ``"eager"`` (ATen ops one by one: compiles in seconds)."""
+    or ``"eager"`` (ATen ops one by one: compiles in seconds). The graph Dynamo hands over goes
+    through AOT autograd (inference) to a functional ATen graph, ``rewrite_graph``, then that
+    compiler."""
     if inner not in INNER:
         raise OptionError(f"inner must be one of {', '.join(INNER)}, got {inner!r}")
-    compile_aten = _inductor if inner == "inductor" else _run_eagerly
+    compile_aten, decompositions = INNER[inner]
+
+    def forward_compiler(aten_graph, inputs):
+        hits, diagnostics = rewrite_graph(aten_graph)
+        _record(aten_graph, inner, hits, diagnostics)
+        return compile_aten(aten_graph, inputs)
 
     def backend(graph_module: torch.fx.GraphModule, example_inputs):
-        return _aten_graph(graph_module, example_inputs, compile_aten)
+        from torch._functorch.aot_autograd import aot_module_simplified
+
+        # AOT autograd's cache would hand back a compiled graph without showing it to us.
+        with torch._functorch.config.patch(enable_autograd_cache=False):
+            return aot_module_simplified(
+                graph_module,
+                example_inputs,
+                fw_compiler=forward_compiler,
+                decompositions=decompositions(),
+            )
 
     backend.__name__ = f"ssmcc_{inner}"
     return backend

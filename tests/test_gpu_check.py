@@ -17,19 +17,25 @@ pytest.importorskip("triton", reason='Triton is an optional extra: pip install "
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_gpu_check_dry_run(tmp_path):
+def _dry_run(script: str, tmp_path, **env) -> dict:
+    """``benchmarks/<script> --dry`` in a fresh process; its JSON report."""
     out = tmp_path / "dry.json"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry", "--out", str(out)],
+        [sys.executable, str(ROOT / "benchmarks" / script), "--dry", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=900,
         cwd=tmp_path,
-        env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONWARNINGS": "ignore"},
+        env={**os.environ, "PYTHONWARNINGS": "ignore", **env},
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     report = json.loads(out.read_text())
     assert report["dry"] and report["all_ok"]
+    return report
+
+
+def test_gpu_check_dry_run(tmp_path):
+    report = _dry_run("gpu_check.py", tmp_path, TRITON_INTERPRET="1")
     ops = {row["op"] for row in report["rows"]}
     assert {"selective_scan", "ssd_scan", "mamba_mixer", "ssd_mixer_step"} <= ops
     assert all(row["triton_ms"] > 0 and row["torch_ms"] > 0 for row in report["rows"])
@@ -53,18 +59,7 @@ def test_gpu_check_says_it_needs_a_gpu():
 def test_gpu_models_dry_run(tmp_path):
     """``benchmarks/gpu_models.py --dry``: the tiny presets through the triton target in the
     interpreter, against HF, with every timing path taken."""
-    out = tmp_path / "models.json"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_models.py"), "--dry", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    report = json.loads(out.read_text())
-    assert report["dry"] and report["all_ok"]
+    report = _dry_run("gpu_models.py", tmp_path)
     assert [row["model"] for row in report["rows"]] == ["mamba-tiny", "mamba2-tiny"]
     for row in report["rows"]:
         assert row["greedy_equal"] == row["greedy_of"]
