@@ -5,7 +5,8 @@ Each contender runs in a fresh process with an empty inductor cache (cold), on o
 
     eager           the Hugging Face model as it is
     inductor        ``torch.compile(model)`` (HF's own code: Mamba-1's associative scan unrolled)
-    ssmcc           ``torch.compile(model, backend="ssmcc")`` with ``ssmcc.enable_routes(model)``
+    ssmcc           ``torch.compile(model, backend="ssmcc", dynamic=True)`` with
+                    ``ssmcc.enable_routes(model)``, as the README shows it
     ssmcc-target    ``ssmcc.compile(model, target="torch")``, for reference
 
     cold_s          the first call at the first length, compile included (ssmcc-target: compile
@@ -42,8 +43,8 @@ def _prepare(contender: str, model):
     if contender == "ssmcc":
         import ssmcc
 
-        ssmcc.enable_routes(model)  # for the life of this process
-        compiled = torch.compile(model, backend="ssmcc")
+        ssmcc.enable_routes(model)  # for the life of this process (until disable())
+        compiled = torch.compile(model, backend="ssmcc", dynamic=True)
         return lambda ids: compiled(input_ids=ids, use_cache=False).logits
     import ssmcc
 
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="mamba-130m", help="preset (default mamba-130m)")
     parser.add_argument("--lengths", default="512,2048", help="prompt lengths, comma list")
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="torch_compile.json", help="JSON file to write")
     parser.add_argument("--worker", help=argparse.SUPPRESS)

@@ -11,8 +11,19 @@ Where the scans come from. Hugging Face's Mamba mixers trace, under Dynamo, into
 whole-sequence code (Mamba-1's ``associative_scan`` becomes vmapped slicing, no scan op survives);
 ``enable_routes(model)`` installs ssmcc's routes for the model's classes (the same replacements
 capture uses) so the mixers call the ssmcc ops and Dynamo records those. The routes stay installed
-until ``disable()`` (or the end of a ``with`` block): Dynamo guards on the functions it traced,
-so removing them recompiles the model back to Hugging Face's code.
+until ``disable()`` (or the end of a ``with`` block), also when the handle is dropped: Dynamo
+guards on the functions it traced, so removing them recompiles the model back to Hugging Face's
+code.
+
+Compile time and speed. Tracing Hugging Face's mixer code once per layer is what makes a cold
+compile of a 24-layer model take minutes. With the routes, a Mamba-1 mixer (HF Mamba,
+FalconMamba) runs one fused ``mamba_mixer`` op between its projections (``hf_mamba1_fused``:
+a few lines to trace, and no transposed copies between conv, projections and scan); every other
+routed mixer class's ``forward`` becomes a nested compile region
+(``torch.compiler.nested_compile_region``): Dynamo traces one mixer and stamps it out for every
+layer (an ``invoke_subgraph`` call per layer on one shared subgraph). The passes and the op
+counts below read inside those subgraphs. While the routes are on, Dynamo specialises Python
+floats (see ``Routes``).
 
 The backend's own record: ``CALLS`` counts the graphs it compiled, and ``GRAPHS`` keeps the last
 ATen graphs it produced (with the ssmcc ops found in each) for inspection; ``explain()`` says, in
@@ -21,6 +32,7 @@ one line per graph, what was found; the ``ssmcc.dynamo`` logger says it at INFO.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import dataclasses
@@ -81,12 +93,38 @@ CALLS: collections.Counter = collections.Counter()  # "graphs" compiled, by inne
 GRAPHS: collections.deque = collections.deque(maxlen=KEEP_GRAPHS)
 
 
+def _invoked_subgraph(graph_module: torch.fx.GraphModule, node: torch.fx.Node):
+    """The subgraph module an ``invoke_subgraph`` node calls, else None."""
+    if node.op != "call_function" or node.target is not torch.ops.higher_order.invoke_subgraph:
+        return None
+    return getattr(graph_module, node.args[0].target)
+
+
+def subgraph_modules(graph_module: torch.fx.GraphModule) -> list[torch.fx.GraphModule]:
+    """The graph and, depth first, every distinct subgraph its ``invoke_subgraph`` calls reach."""
+    found: list[torch.fx.GraphModule] = []
+
+    def visit(module):
+        if any(module is seen for seen in found):
+            return
+        found.append(module)
+        for node in module.graph.nodes:
+            if (sub := _invoked_subgraph(module, node)) is not None:
+                visit(sub)
+
+    visit(graph_module)
+    return found
+
+
 def ssmcc_ops_in(graph_module: torch.fx.GraphModule) -> collections.Counter:
-    return collections.Counter(
-        node.target._opname
-        for node in graph_module.graph.nodes
-        if node.op == "call_function" and is_ssmcc_op(node.target)
-    )
+    """ssmcc op calls as the graph runs them: a subgraph's ops once per ``invoke_subgraph``."""
+    counts: collections.Counter = collections.Counter()
+    for node in graph_module.graph.nodes:
+        if node.op == "call_function" and is_ssmcc_op(node.target):
+            counts[node.target._opname] += 1
+        elif (sub := _invoked_subgraph(graph_module, node)) is not None:
+            counts.update(ssmcc_ops_in(sub))
+    return counts
 
 
 def _record(graph_module, inner: str, hits: collections.Counter, diagnostics: dict) -> None:
@@ -122,10 +160,13 @@ def rewrite_graph(aten_graph: torch.fx.GraphModule) -> tuple[collections.Counter
     from ssmcc.passes.detect_selective_scan import rewrite_scans
 
     diagnostics: dict = {}
-    hits = rewrite_causal_conv1d(aten_graph, diagnostics)
-    hits += rewrite_scans(aten_graph, diagnostics)
-    if hits:
-        aten_graph.recompile()
+    hits: collections.Counter = collections.Counter()
+    for module in subgraph_modules(aten_graph):
+        found = rewrite_causal_conv1d(module, diagnostics)
+        found += rewrite_scans(module, diagnostics)
+        if found:
+            module.recompile()
+        hits += found
     return hits, diagnostics
 
 
@@ -135,20 +176,30 @@ def _run_eagerly(aten_graph, _inputs):
     return make_boxed_func(aten_graph.forward)
 
 
-def _inductor(aten_graph, inputs):
-    """Inductor on the rewritten graph, after the decompositions held back for the detection
-    passes (re-traced with the graph's own fake inputs: symbolic sizes stay symbolic)."""
+def _held_back_decomposed(aten_graph, inputs):
+    """The graph with the decompositions held back for the detection passes applied (re-traced
+    with the graph's own fake inputs: symbolic sizes stay symbolic)."""
     from torch._guards import detect_fake_mode
-    from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
     table = select_decomp_table()
     held_back = {op: table[op] for op in HELD_BACK if op in table}
-    if any(node.target in held_back for node in aten_graph.graph.nodes):
+    if any(
+        node.target in held_back
+        for module in subgraph_modules(aten_graph)
+        for node in module.graph.nodes
+    ):
         with detect_fake_mode(inputs):
             aten_graph = make_fx(aten_graph, decomposition_table=held_back)(*inputs)
-    return compile_fx_inner(aten_graph, inputs)
+    return aten_graph
+
+
+def _inductor(aten_graph, inputs):
+    """Inductor on the rewritten graph, after the decompositions held back for the passes."""
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    return compile_fx_inner(_held_back_decomposed(aten_graph, inputs), inputs)
 
 
 def _inductor_decompositions() -> dict:
@@ -201,21 +252,80 @@ def dynamo_backend(inner: str = "inductor"):
 ssmcc_backend = dynamo_backend()
 
 
-class Routes:
-    """ssmcc's routes installed for a model's classes until ``disable()`` (see the module
-    docstring); also a context manager."""
+ENABLED: list[Routes] = []  # every handle until its disable(): dropping one changes nothing
 
-    def __init__(self, model: nn.Module):
+
+@contextlib.contextmanager
+def compile_regions(classes):
+    """Each class's ``forward`` as a nested compile region for the block (see the module
+    docstring); a class whose ``forward`` already is one is left as it is."""
+    saved = []
+    try:
+        for cls in classes:
+            forward = cls.__dict__.get("forward")
+            if forward is None or getattr(forward, "_ssmcc_region", False):
+                continue
+            region = torch.compiler.nested_compile_region(forward)
+            region._ssmcc_region = True
+            saved.append((cls, forward))
+            cls.forward = region
+        yield
+    finally:
+        for cls, forward in reversed(saved):
+            cls.forward = forward
+
+
+@contextlib.contextmanager
+def fused_mixers(classes):
+    """The classes among ``hf_mamba1_fused.FUSED_MIXERS`` run one ``mamba_mixer`` op on their
+    whole-sequence path for the block, which yields those classes."""
+    from ssmcc.frontend.hf_mamba1_fused import FUSED_MIXERS, fused_forward
+
+    saved = []
+    try:
+        for cls in classes:
+            key = (cls.__module__, cls.__name__)
+            if key not in FUSED_MIXERS or "forward" not in cls.__dict__:
+                continue
+            saved.append((cls, cls.__dict__["forward"]))
+            cls.forward = fused_forward(cls.__dict__["forward"], FUSED_MIXERS[key])
+        yield [cls for cls, _ in saved]
+    finally:
+        for cls, forward in reversed(saved):
+            cls.forward = forward
+
+
+class Routes:
+    """ssmcc's routes for a model's classes, and its mixers as nested compile regions, installed
+    until ``disable()`` (see the module docstring); also a context manager. ``fuse``: the Mamba-1
+    mixers run as one ``mamba_mixer`` op (``hf_mamba1_fused``) instead of a ``causal_conv1d`` and
+    a ``selective_scan`` with the projections and transposes between them."""
+
+    def __init__(self, model: nn.Module, fuse: bool = True):
         from ssmcc.frontend.routes import routed
 
-        self._context = routed(model)
-        self.record = self._context.__enter__()
+        self._stack = contextlib.ExitStack()
+        self.record = self._stack.enter_context(routed(model))
+        mixers = {type(m) for m in model.modules() if _is_routed_mixer(m, self.record)}
+        mixers = sorted(mixers, key=lambda c: c.__qualname__)
+        fused = self._stack.enter_context(fused_mixers(mixers)) if fuse else []
+        # A fused forward is a few lines to trace; as a region it would cost throughput
+        # (mamba-130m at L=2048: 445 tok/s as regions, 595 inlined, with the same cold compile).
+        self._stack.enter_context(compile_regions([c for c in mixers if c not in fused]))
+        # Python floats (a mixer's eps) as constants: with dynamic=True Dynamo would lift them as
+        # inputs, which AOT autograd cannot read inside an invoke_subgraph (torch 2.13 fails with
+        # aten._local_scalar_dense and Dynamo falls back to eager for the whole model).
+        self._stack.enter_context(torch._dynamo.config.patch(specialize_float=True))
         self.active = True
+        if not ENABLED:
+            atexit.register(_disable_all)  # restored before the interpreter tears modules down
+        ENABLED.append(self)
 
     def disable(self) -> None:
         if self.active:
             self.active = False
-            self._context.__exit__(None, None, None)
+            ENABLED.remove(self)
+            self._stack.close()
 
     def __enter__(self) -> Routes:
         return self
@@ -224,9 +334,20 @@ class Routes:
         self.disable()
 
 
-def enable_routes(model: nn.Module) -> Routes:
+def _disable_all() -> None:
+    for routes in reversed(list(ENABLED)):
+        routes.disable()
+
+
+def _is_routed_mixer(module: nn.Module, record) -> bool:
+    return any(type(module).__name__ == name for _, name in record.layers)
+
+
+def enable_routes(model: nn.Module, fuse: bool = True) -> Routes:
     """Have ``model``'s Hugging Face mixers call the ssmcc ops (for ``torch.compile``): returns
-    the handle whose ``disable()`` restores the library. Raises if no route knows the model."""
+    the handle whose ``disable()`` restores the library. Raises if no route knows the model.
+    ``fuse=False`` keeps each Mamba-1 mixer as a ``causal_conv1d`` and a ``selective_scan``
+    (see ``Routes``)."""
     from ssmcc.frontend.routes import routes_for
 
     if not routes_for(model):
@@ -235,13 +356,13 @@ def enable_routes(model: nn.Module) -> Routes:
             "Hugging Face Mamba, Mamba-2 and hybrid families); a hand-written model needs none: "
             "torch.compile(model, backend='ssmcc') reads its graph as it is"
         )
-    return Routes(model)
+    return Routes(model, fuse=fuse)
 
 
 @contextlib.contextmanager
-def routes_enabled(model: nn.Module):
+def routes_enabled(model: nn.Module, fuse: bool = True):
     """``with ssmcc.routes_enabled(model): ...``: ``enable_routes`` for the block."""
-    routes = enable_routes(model)
+    routes = enable_routes(model, fuse=fuse)
     try:
         yield routes
     finally:

@@ -43,18 +43,22 @@ def _eager_logits(model, shapes):
 
 
 @pytest.mark.parametrize(
-    "name, scan, inner",
+    "name, scan, inner, fuse",
     [
-        ("mamba-tiny", "selective_scan", "inductor"),
-        ("falcon-mamba-tiny", "selective_scan", "eager"),
-        ("mamba2-tiny", "ssd_scan", "eager"),
+        ("mamba-tiny", "mamba_mixer", "inductor", True),
+        ("mamba-tiny", "selective_scan", "eager", False),
+        ("falcon-mamba-tiny", "mamba_mixer", "eager", True),
+        ("falcon-mamba-tiny", "selective_scan", "eager", False),
+        ("mamba2-tiny", "ssd_scan", "eager", True),
     ],
 )
-def test_logits_match_eager_at_every_length_with_one_graph(name, scan, inner):
+def test_logits_match_eager_at_every_length_with_one_graph(name, scan, inner, fuse):
+    """With ``fuse`` (the default) a Mamba-1 mixer is one ``mamba_mixer`` op, which holds the
+    selective scan; ``fuse=False`` keeps the scan as its own op."""
     model = build_preset(name).eval()
     inputs, expected = _eager_logits(model, SHAPES)
     backend = "ssmcc" if inner == "inductor" else ssmcc.dynamo_backend(inner=inner)
-    with ssmcc.routes_enabled(model):
+    with ssmcc.routes_enabled(model, fuse=fuse):
         compiled = torch.compile(model, backend=backend, dynamic=True)
         for shape, ids in inputs.items():
             with torch.no_grad():
@@ -105,6 +109,7 @@ def test_generate_after_model_compile_gives_eager_tokens():
             model._compiled_call_impl = None  # the module's forward back to eager
     assert torch.equal(tokens, expected)
     assert sum(ssmcc.dynamo.CALLS.values()) > before
+    # the prefill with a cache and the cached steps run Hugging Face's forward with the op routes
     prefill = [g for g in ssmcc.dynamo.GRAPHS if g.ssmcc_ops]
     assert prefill and prefill[0].ssmcc_ops["selective_scan"] == model.config.num_hidden_layers
 
@@ -119,16 +124,104 @@ def test_without_routes_the_backend_compiles_hf_code_and_says_why_no_scan():
     assert "ssmcc.enable_routes(model)" in ssmcc.dynamo.explain()
 
 
+HYBRIDS = ["bamba-tiny", "jamba-tiny", "granite-hybrid-tiny", "nemotron-h-tiny", "zamba-tiny"]
+HYBRIDS += ["zamba2-tiny", "falcon-h1-tiny"]
+
+
+@pytest.mark.parametrize("name", HYBRIDS)
+def test_every_routed_hybrid_compiles_into_one_graph_on_the_ssmcc_ops(name):
+    """Attention, MoE and SSM layers of every hybrid family: one Dynamo graph (no fallback to
+    eager at a nested compile region), one scan op per SSM layer, logits as eager's."""
+    model = build_preset(name).eval()
+    inputs, expected = _eager_logits(model, [(2, 37)])
+    with ssmcc.routes_enabled(model) as routes:
+        with torch.no_grad():
+            model(inputs[2, 37], use_cache=False)  # eagerly: the routes count their calls
+        compiled = torch.compile(model, backend=ssmcc.dynamo_backend(inner="eager"), dynamic=True)
+        with torch.no_grad():
+            logits = compiled(inputs[2, 37], use_cache=False).logits
+    assert (logits - expected[2, 37]).abs().max() <= TOLERANCE
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    (graph,) = ssmcc.dynamo.GRAPHS
+    scans = graph.ssmcc_ops["selective_scan"] + graph.ssmcc_ops["ssd_scan"]
+    # one per SSM layer (Zamba's Mamba layers scan once per Mamba head)
+    assert scans == routes.record.calls["selective_scan"] + routes.record.calls["ssd_scan"]
+    assert scans >= len(routes.record.layers) > 0
+    assert "mamba_mixer" not in graph.ssmcc_ops  # the hybrids' Mamba-1 mixers are not fused
+
+
+@pytest.mark.parametrize("name, ops", [("mamba-tiny", {"causal_conv1d": 1, "selective_scan": 1})])
+def test_unfused_mixers_are_traced_once_and_stamped_out_per_layer(name, ops):
+    """A routed mixer that is not fused is a nested compile region while the routes are on: the
+    graph calls one shared subgraph per layer (what keeps a 24-layer cold compile short). A
+    fused Mamba-1 mixer is inlined instead (a few lines to trace, faster code)."""
+    from ssmcc.dynamo import subgraph_modules
+
+    model = build_preset(name).eval()
+    inputs, _ = _eager_logits(model, [(1, 9)])
+    for fuse in (False, True):
+        ssmcc.dynamo.GRAPHS.clear()
+        torch._dynamo.reset()
+        with ssmcc.routes_enabled(model, fuse=fuse):
+            compiled = torch.compile(model, backend=ssmcc.dynamo_backend(inner="eager"))
+            with torch.no_grad():
+                compiled(inputs[1, 9], use_cache=False)
+        (graph,) = ssmcc.dynamo.GRAPHS
+        calls = [
+            n
+            for n in graph.graph_module.graph.nodes
+            if n.target is torch.ops.higher_order.invoke_subgraph
+        ]
+        modules = subgraph_modules(graph.graph_module)
+        if fuse:
+            assert not calls and len(modules) == 1
+            continue
+        assert len(calls) == model.config.num_hidden_layers
+        assert len(modules) == 2  # the model's graph and the one mixer subgraph
+        assert ssmcc.dynamo.ssmcc_ops_in(modules[1]) == ops
+        layers = model.config.num_hidden_layers
+        assert ssmcc.dynamo.ssmcc_ops_in(graph.graph_module) == {
+            op: n * layers for op, n in ops.items()
+        }
+
+
 def test_routes_are_removed_by_disable():
     import transformers.models.mamba.modeling_mamba as modeling
 
     model = build_preset("mamba-tiny").eval()
     before = dict(vars(modeling))
+    forward = modeling.MambaMixer.forward
+    specialize_float = torch._dynamo.config.specialize_float
     routes = ssmcc.enable_routes(model)
     assert any(vars(modeling)[k] is not v for k, v in before.items())
+    assert modeling.MambaMixer.forward.__wrapped__ is forward  # the fused forward
+    assert torch._dynamo.config.specialize_float
     routes.disable()
     routes.disable()  # a second disable does nothing
     assert all(vars(modeling)[k] is v for k, v in before.items())
+    assert modeling.MambaMixer.forward is forward
+    assert torch._dynamo.config.specialize_float == specialize_float
+    assert routes not in ssmcc.dynamo.ENABLED
+
+
+def test_routes_stay_when_the_handle_is_dropped():
+    """``ssmcc.enable_routes(model)`` without keeping the handle: the routes stay on (they once
+    went with the handle's garbage collection, and Dynamo traced Hugging Face's code)."""
+    import gc
+
+    model = build_preset("mamba-tiny").eval()
+    inputs, expected = _eager_logits(model, [(1, 9)])
+    ssmcc.enable_routes(model)
+    gc.collect()
+    try:
+        compiled = torch.compile(model, backend=ssmcc.dynamo_backend(inner="eager"))
+        with torch.no_grad():
+            logits = compiled(inputs[1, 9], use_cache=False).logits
+    finally:
+        for routes in list(ssmcc.dynamo.ENABLED):
+            routes.disable()
+    assert (logits - expected[1, 9]).abs().max() <= TOLERANCE
+    assert ssmcc.dynamo.GRAPHS[-1].ssmcc_ops["mamba_mixer"] == 2
 
 
 def test_errors():
