@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import Graph, GraphModule, Node
 
 from ssmcc.passes.dim_labels import Labelled, dim_sources, shape, value
@@ -127,6 +128,7 @@ def find_parallel_scan(exp: Node, dag: nx.DiGraph, layout: ScanLayout) -> Recurr
     region = (nx.ancestors(dag, result) | {result}) & (
         nx.descendants(dag, P) | nx.descendants(dag, Q)
     )
+    region = {n for n in region if not _is_symbolic_size(n)}  # sizes read off a tensor
     for n in region:
         require(
             n.target in REGION_OPS,
@@ -138,7 +140,7 @@ def find_parallel_scan(exp: Node, dag: nx.DiGraph, layout: ScanLayout) -> Recurr
                 f"{where}: {n.name} inside the region also reads {a.name}",
             )
     for n in region - {result}:
-        outside = [u.name for u in n.users if u not in region]
+        outside = [u.name for u in n.users if u not in region and not _is_symbolic_size(u)]
         require(not outside, f"{where}: {n.name} inside the region is also used by {outside}")
     axis = _verify_linear_scan(P, Q, result, region, where)
     rank = len(shape(result))
@@ -158,8 +160,15 @@ def find_parallel_scan(exp: Node, dag: nx.DiGraph, layout: ScanLayout) -> Recurr
 
 
 def _key(node: Node) -> tuple:
-    """A node's shape as a hashable key (symbolic sizes by name)."""
-    return tuple(str(size) for size in shape(node))
+    """A node's shape as a hashable key. A symbolic size is keyed by its symbols and its value at
+    the example sizes: a Blelloch scan's halving and doubling writes the length L back as
+    ``(L//2)*(L//(L//2))``, which Dynamo's guards on the scan's branches keep equal to L."""
+    return tuple(
+        size
+        if isinstance(size, int)
+        else (frozenset(map(str, size.node.expr.free_symbols)), _hint(size))
+        for size in shape(node)
+    )
 
 
 def _is_symbolic_size(node: Node) -> bool:
@@ -204,14 +213,16 @@ def _verify_linear_scan(P: Node, Q: Node, result: Node, region: set, where: str)
     fn = GraphModule(torch.nn.Module(), graph)
     generator = torch.Generator().manual_seed(0)
     fits = None
-    for _ in range(2):
-        p = torch.rand(dims, generator=generator, dtype=torch.float64) * 0.5 + 0.5
-        q = torch.rand(dims, generator=generator, dtype=torch.float64) * 2 - 1
-        got = fn(p, q, *sizes.values())
-        # H_0 = Q_0 along the time axis (zero start): a cheap filter before the full comparison
-        starts = [a for a in range(len(dims)) if _close(got.select(a, 0), q.select(a, 0))]
-        here = {axis for axis in starts if _close(got, _linear_scan(p, q, axis))}
-        fits = here if fits is None else fits & here
+    # real numbers also where the graph comes from a fake-tensor trace (torch.compile's backend)
+    with unset_fake_temporarily():
+        for _ in range(2):
+            p = torch.rand(dims, generator=generator, dtype=torch.float64) * 0.5 + 0.5
+            q = torch.rand(dims, generator=generator, dtype=torch.float64) * 2 - 1
+            got = fn(p, q, *sizes.values())
+            # H_0 = Q_0 along the time axis (zero start): a cheap filter before the full check
+            starts = [a for a in range(len(dims)) if _close(got.select(a, 0), q.select(a, 0))]
+            here = {axis for axis in starts if _close(got, _linear_scan(p, q, axis))}
+            fits = here if fits is None else fits & here
     require(
         len(fits) == 1,
         f"{where}: the region from {P.name}, {Q.name} to {result.name} is not "

@@ -58,6 +58,10 @@ HELD_BACK = (
     torch.ops.aten.bmm.default,
 )
 
+# Composite ops rewrite_graph writes (a folded batched matmul, a view that became a reshape):
+# the re-trace before inductor decomposes them.
+COMPOSITE = (torch.ops.aten.matmul.default, torch.ops.aten.reshape.default)
+
 
 @dataclasses.dataclass
 class CompiledGraph:
@@ -153,21 +157,35 @@ def explain() -> str:
 def rewrite_graph(aten_graph: torch.fx.GraphModule) -> tuple[collections.Counter, dict]:
     """ssmcc's detection passes on a functional ATen graph, in place: padded causal convs ->
     ``causal_conv1d``, selective scans in the forms ``detect_selective_scan`` reads (a Python
-    loop Dynamo unrolled, torch's ``scan`` op; mamba.py's ``pscan`` is not found in Dynamo's
-    form yet) -> ``selective_scan`` / ``ssd_scan``. Returns the hits by rule and why
-    candidates were not rewritten."""
+    loop Dynamo unrolled, torch's ``scan`` op, a parallel scan such as mamba.py's ``pscan``)
+    -> ``selective_scan`` / ``ssd_scan``; AOT autograd's batched matmuls are folded back into
+    ``matmul`` first (``fold_batched_matmul``). Returns the hits by rule and why candidates were
+    not rewritten."""
     from ssmcc.passes.detect_causal_conv1d import rewrite_causal_conv1d
     from ssmcc.passes.detect_selective_scan import rewrite_scans
+    from ssmcc.passes.fold_batched_matmul import fold_batched_matmuls
 
     diagnostics: dict = {}
     hits: collections.Counter = collections.Counter()
     for module in subgraph_modules(aten_graph):
+        folded = fold_batched_matmuls(module.graph)  # readouts as the passes read them
         found = rewrite_causal_conv1d(module, diagnostics)
         found += rewrite_scans(module, diagnostics)
         if found:
+            _views_as_reshapes(module.graph)
+        if found or folded:
             module.recompile()
         hits += found
     return hits, diagnostics
+
+
+def _views_as_reshapes(graph: torch.fx.Graph) -> None:
+    """``view`` -> ``reshape``: an op's output may be laid out unlike the values it replaced
+    (a scan's (b, d, l) output read as (b, l, d)), and a view of it would fail; a reshape
+    copies only where it must (inductor's re-trace writes it as view or clone + view)."""
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target == torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
 
 
 def _run_eagerly(aten_graph, _inputs):
@@ -185,8 +203,9 @@ def _held_back_decomposed(aten_graph, inputs):
 
     table = select_decomp_table()
     held_back = {op: table[op] for op in HELD_BACK if op in table}
+    # (what rewrite_graph wrote back as matmul or reshape decomposes again in the re-trace)
     if any(
-        node.target in held_back
+        node.target in held_back or node.target in COMPOSITE
         for module in subgraph_modules(aten_graph)
         for node in module.graph.nodes
     ):

@@ -76,11 +76,17 @@ def test_logits_match_eager_at_every_length_with_one_graph(name, scan, inner, fu
 
 @pytest.mark.parametrize(
     "form, rule, inner",
-    [("loop", "unrolled_loop", "inductor"), ("scan_op", "scan_op", "inductor")],
+    [
+        ("loop", "unrolled_loop", "inductor"),
+        ("scan_op", "scan_op", "inductor"),
+        ("pscan", "parallel_scan", "eager"),
+    ],
 )
 def test_hand_written_scans_are_detected_in_the_backends_graph(form, rule, inner):
-    """A Python loop over time (unrolled by Dynamo: one graph per length) and torch's ``scan``
-    op become one ``selective_scan`` per layer, the same rules as on an exported program."""
+    """A Python loop over time (unrolled by Dynamo: one graph per length), torch's ``scan``
+    op and mamba.py's Blelloch ``pscan`` (its in-place sweeps functionalized by AOT autograd,
+    its readout a batched matmul folded back) become one ``selective_scan`` per layer, the same
+    rules as on an exported program."""
     from benchmarks.handwritten_mamba import build
 
     model = build(form, layers=2).eval()
@@ -93,6 +99,26 @@ def test_hand_written_scans_are_detected_in_the_backends_graph(form, rule, inner
         assert graph.ssmcc_ops["selective_scan"] == 2
         assert graph.rule_hits[rule] == 2 and graph.rule_hits["fold_gate"] == 2
     assert "detected: " in ssmcc.dynamo.explain()
+
+
+@pytest.mark.parametrize("inner", ["eager", "inductor"])
+def test_mamba_py_model_is_one_scan_per_layer(inner):
+    """mamba.py's own ``Mamba`` (``mambapy.mamba``, pscan on): its parallel scans are found in
+    the backend's graph at lengths 7, 16 and 33 (pscan pads to a power of two: one graph per
+    length) and the outputs match eager within 1e-4."""
+    from mambapy.mamba import Mamba, MambaConfig
+
+    torch.manual_seed(0)
+    model = Mamba(MambaConfig(d_model=32, n_layers=2, d_state=8, pscan=True)).eval()
+    compiled = torch.compile(model, backend=ssmcc.dynamo_backend(inner=inner))
+    for batch, length in ((1, 7), (3, 16), (2, 33)):
+        x = torch.randn(batch, length, 32, generator=torch.Generator().manual_seed(length))
+        with torch.no_grad():
+            assert (compiled(x) - model(x)).abs().max() <= TOLERANCE, length
+    assert ssmcc.dynamo.GRAPHS
+    for graph in ssmcc.dynamo.GRAPHS:
+        assert graph.ssmcc_ops == {"selective_scan": 2}, graph.summary()
+        assert graph.rule_hits["parallel_scan"] == 2
 
 
 def test_generate_after_model_compile_gives_eager_tokens():
