@@ -303,12 +303,13 @@ def fused_mixers(classes):
     saved = []
     try:
         for cls in classes:
-            key = (cls.__module__, cls.__name__)
-            if key not in FUSED_MIXERS or "forward" not in cls.__dict__:
+            key, forward = (cls.__module__, cls.__name__), cls.__dict__.get("forward")
+            if key not in FUSED_MIXERS or forward is None:
                 continue
-            saved.append((cls, cls.__dict__["forward"]))
-            cls.forward = fused_forward(cls.__dict__["forward"], FUSED_MIXERS[key])
-        yield [cls for cls, _ in saved]
+            if not getattr(forward, "_ssmcc_fused", False):  # not fused yet by another handle
+                saved.append((cls, forward))
+                cls.forward = fused_forward(forward, FUSED_MIXERS[key])
+        yield [cls for cls in classes if (cls.__module__, cls.__name__) in FUSED_MIXERS]
     finally:
         for cls, forward in reversed(saved):
             cls.forward = forward

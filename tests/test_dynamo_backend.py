@@ -228,6 +228,14 @@ def test_routes_are_removed_by_disable():
     assert modeling.MambaMixer.forward is forward
     assert torch._dynamo.config.specialize_float == specialize_float
     assert routes not in ssmcc.dynamo.ENABLED
+    # two handles on models of one class: the mixer is fused once, and restored after both
+    outer = ssmcc.enable_routes(model)
+    inner = ssmcc.enable_routes(build_preset("mamba-tiny"))
+    assert modeling.MambaMixer.forward.__wrapped__ is forward
+    inner.disable()
+    outer.disable()
+    assert modeling.MambaMixer.forward is forward
+    assert all(vars(modeling)[k] is v for k, v in before.items())
 
 
 def test_routes_stay_when_the_handle_is_dropped():
