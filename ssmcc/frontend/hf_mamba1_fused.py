@@ -62,5 +62,4 @@ def fused_forward(original, eps_attribute: str | None):
         return self.out_proj(y.to(hidden_states.dtype))
 
     forward.__wrapped__ = original
-    forward._ssmcc_fused = True
     return forward
