@@ -1,6 +1,7 @@
 """The contenders: one model, several ways to run it. Each ``prepare`` returns a ``Runner``.
 
-A runner answers ``prefill(ids) -> logits`` and ``generate(ids, new_tokens) -> ids``, and
+A runner answers ``prefill(ids) -> logits`` and ``generate(ids, new_tokens, streamer=None) -> ids``
+(the streamer is told of each new token: ``stats.TokenClock``), and
 carries ``info`` (preparation time, graph nodes, artifact size, whether it runs at another
 length). A suite a contender cannot run raises ``Unsupported`` with the reason (the row's note).
 Later issues add ssmcc targets here (one entry each). A contender timed by an external tool
@@ -28,7 +29,7 @@ class Unsupported(Exception):
 @dataclasses.dataclass
 class Runner:
     prefill: Callable[[torch.Tensor], torch.Tensor]
-    generate: Callable[[torch.Tensor, int], torch.Tensor] | None = None
+    generate: Callable[..., torch.Tensor] | None = None  # (ids, new_tokens, streamer=None)
     info: dict = dataclasses.field(default_factory=dict)
     compiled: object = None  # an ssmcc CompiledModel: chunked prefill, prefix cache
     # suite -> fn(spec) -> measured fields per row, for a contender that times itself (an
@@ -47,13 +48,14 @@ class Runner:
 
 
 def _hf_generate(model: nn.Module):
-    def generate(ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    def generate(ids: torch.Tensor, new_tokens: int, streamer=None) -> torch.Tensor:
         return model.generate(
             ids,
             max_new_tokens=new_tokens,
             min_new_tokens=new_tokens,
             do_sample=False,
             pad_token_id=0,
+            streamer=streamer,
         )
 
     return generate
@@ -89,11 +91,11 @@ def prepare_torch_compile(model: nn.Module, ctx: dict) -> Runner:
     }
 
     @torch.inference_mode()
-    def generate(ids, new_tokens):
+    def generate(ids, new_tokens, streamer=None):
         original = model.forward
         model.forward = compiled_forward
         try:
-            return _hf_generate(model)(ids, new_tokens)
+            return _hf_generate(model)(ids, new_tokens, streamer)
         finally:
             model.forward = original
 

@@ -21,7 +21,7 @@ from benchmarks.contenders import (
     Runner,
     Unsupported,
 )
-from benchmarks.stats import invert, summarize, time_calls
+from benchmarks.stats import TokenClock, invert, summarize, time_calls
 
 
 def _peak_rss_bytes() -> int:
@@ -93,9 +93,14 @@ def run_decode(spec: dict, runner: Runner) -> list[dict]:
     batch, new = spec["batch"], spec["new_tokens"]
     ids = _ids(spec, batch, spec["prompt_length"])
     ttft = summarize(time_calls(lambda: generate(ids, 1), spec["repeats"]))
-    total = summarize(time_calls(lambda: generate(ids, new), spec["repeats"]))
-    per_token = {k: (total[k] - ttft[k]) / (new - 1) for k in ("min", "median", "max")}
-    per_token["n"] = total["n"]
+
+    def decode_seconds() -> float:
+        clock = TokenClock()
+        generate(ids, new, streamer=clock)
+        return clock.seconds_per_token(new)
+
+    decode_seconds()  # warm-up
+    per_token = summarize([decode_seconds() for _ in range(spec["repeats"])])
     return [
         _row(
             spec,

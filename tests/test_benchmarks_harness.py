@@ -4,6 +4,7 @@ contender becomes an error row and the others still run."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -98,7 +99,6 @@ def _worker_rows(contender: str, suite: str, env: dict) -> list[dict]:
 
 @pytest.mark.slow
 def test_llama_cpp_contender_says_where_to_find_it():
-    import os
 
     env = {k: v for k, v in os.environ.items() if k != "SSMCC_LLAMA_CPP"}
     (row,) = _worker_rows("llama-cpp", "prefill", env)
@@ -121,7 +121,6 @@ def test_llama_bench_rates_become_seconds_per_token():
     reason="llama.cpp not built here (SSMCC_LLAMA_CPP unset; benchmarks/README.md)",
 )
 def test_llama_cpp_contender_measures_prefill_and_decode():
-    import os
 
     (prefill,) = _worker_rows("llama-cpp", "prefill", dict(os.environ))
     assert prefill["tokens_per_s"]["median"] > 0 and "last position" in prefill["remark"]
@@ -132,7 +131,6 @@ def test_llama_cpp_contender_measures_prefill_and_decode():
 @pytest.mark.slow
 def test_interleaved_decode_reports_every_contender_per_round(tmp_path):
     """Without llama.cpp (SSMCC_LLAMA_CPP unset) the ssmcc contenders still run, each round."""
-    import os
 
     env = {k: v for k, v in os.environ.items() if k != "SSMCC_LLAMA_CPP"}
     command = [
@@ -161,3 +159,22 @@ def test_interleaved_decode_reports_every_contender_per_round(tmp_path):
     assert len(result["rounds"]) == 2
     assert set(result["summary"]) == {"ssmcc-torch", "ssmcc-torch-int8"}
     assert all(row["ms_per_token"] > 0 for row in result["summary"].values())
+
+
+@pytest.mark.parametrize("contender", ["hf-eager", "ssmcc-torch"])
+def test_decode_is_timed_between_the_new_tokens(contender):
+    """Both streamer protocols (Hugging Face's put, with the prompt first; ssmcc's call per token
+    column) reach the clock: a decode row per contender, time per token positive."""
+    (row,) = _worker_rows(contender, "decode", dict(os.environ))
+    assert "error" not in row, row.get("error")
+    assert 0 < row["ms_per_token"]["min"] <= row["ms_per_token"]["max"] < 1000
+
+
+def test_token_clock_reads_only_the_new_tokens():
+    from benchmarks.stats import TokenClock
+
+    clock = TokenClock()
+    clock.times = [0.0, 5.0, 5.5, 6.0, 6.5]  # a prompt put (HF), then 4 new tokens
+    assert clock.seconds_per_token(4) == 0.5
+    with pytest.raises(ValueError, match="2 or more timed tokens"):
+        clock.seconds_per_token(6)
