@@ -5,8 +5,8 @@ Two shared libraries from one set of kernel headers (``ssm_kernels.h``, ``ssd_ke
 - ``libssmcc_kernels.so`` (``torch_entry.cpp``, ``replay.cpp``): C entry points the torch target
   calls via ctypes, and the replay of a recorded sequence of them;
 - ``libssmcc_ort.so`` (``ort_ops.cpp``, ``ort_ssd_ops.cpp``, ``ort_mixer_ops.cpp``,
-  ``ort_mamba_mixer_ops.cpp``, ``ort_quantized_ops.cpp``, ``ort_linear_ops.cpp``): the ONNX
-  Runtime custom-op library of the ``ssmcc`` domain;
+  ``ort_mamba_mixer_ops.cpp``, ``ort_quantized_ops.cpp``, ``ort_linear_ops.cpp``,
+  ``ort_moe_ops.cpp``): the ONNX Runtime custom-op library of the ``ssmcc`` domain;
   needs ONNX Runtime's C++ headers (``fetch_ort_headers.sh``, or ``SSMCC_ORT_INCLUDE``).
 
 The cache key hashes the sources, flags, compiler version and CPU flags (the build uses
@@ -57,6 +57,7 @@ KERNEL_HEADERS = [
     "conv_channels_last.h",
     "mamba_mixer.h",
     "mixer_weight.h",
+    "moe_experts.h",
     "vector_math.h",
     "denormals.h",
     "small_gemm.h",
@@ -206,6 +207,7 @@ def build_ort_library() -> str | None:
             "ort_mamba_mixer_ops.cpp",
             "ort_quantized_ops.cpp",
             "ort_linear_ops.cpp",
+            "ort_moe_ops.cpp",
         ],
         ["-DORT_API_MANUAL_INIT", f"-I{headers}"],
         header_key,

@@ -1,7 +1,8 @@
 // Shared pieces of the ssmcc ONNX Runtime kernels (ort_ops.cpp: Mamba-1 ops and registration,
 // ort_ssd_ops.cpp: Mamba-2 ops, ort_mixer_ops.cpp, ort_mamba_mixer_ops.cpp: the fused mixers,
 // ort_quantized_ops.cpp: linear layers with small weights, ort_linear_ops.cpp: the float32
-// linear layer reading its weight in place): rows split over ORT's intra-op thread pool, inputs
+// linear layer reading its weight in place, ort_moe_ops.cpp: a MoE layer's experts): rows split
+// over ORT's intra-op thread pool, inputs
 // read with their shapes checked against the node's contract (Inputs: ORT checks only element
 // types), and a float op type whose kernel errors become ORT statuses, never exceptions across
 // ORT's C API.
@@ -159,5 +160,9 @@ void add_quantized_ops(Ort::CustomOpDomain& domain);
 
 // Registers the ops that read weights in place, Linear and Widen (ort_linear_ops.cpp).
 void add_linear_ops(Ort::CustomOpDomain& domain);
+
+// Registers a MoE layer's experts for few tokens, MoeExperts and QuantizedMoeExperts
+// (ort_moe_ops.cpp).
+void add_moe_ops(Ort::CustomOpDomain& domain);
 
 }  // namespace ssmcc::ort

@@ -169,6 +169,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     ssmcc::ort::add_mamba_mixer_ops(*domain);
     ssmcc::ort::add_quantized_ops(*domain);
     ssmcc::ort::add_linear_ops(*domain);
+    ssmcc::ort::add_moe_ops(*domain);
     Ort::UnownedSessionOptions(options).Add(*domain);
     domains().push_back(std::move(domain));
   } catch (const Ort::Exception& error) {

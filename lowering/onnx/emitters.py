@@ -559,7 +559,8 @@ ONNX_TABLE: dict[str, Emitter] = {
     "attention": Emitter("standard ONNX ops (MatMul, Softmax, causal Where)", emit_attention),
     "positions": Emitter("standard ONNX ops (Range, Add)", emit_positions),
     "moe_experts": Emitter(
-        "standard ONNX ops (per expert: NonZero, Gather, MatMul, ScatterND add)",
+        "ssmcc.MoeExperts / QuantizedMoeExperts node where the tokens are few (decode) + portable "
+        "body; standard ONNX ops elsewhere (per expert: NonZero, Gather, MatMul, ScatterND add)",
         emit_moe_experts,
     ),
     "quantized_linear": Emitter(

@@ -17,7 +17,8 @@ in float32, the output cast like the query; the caches ``K``/``V`` are the op's 
 Experts (math in ``ssmcc.ops.moe_experts``) are computed per expert on the tokens that chose it
 (``NonZero`` of the router's top-k indices, ``Gather``, two ``MatMul``, ``ScatterND`` add): the
 work of the chosen experts only, in standard ops. The expert loop is unrolled (about 15 nodes per
-expert per layer).
+expert per layer). This is the form of programs with many tokens (prefill, chunk); a decode step's
+experts are one ``ssmcc.MoeExperts`` node (``moe.py``).
 """
 
 from __future__ import annotations

@@ -39,6 +39,13 @@ from ssmcc.lowering.onnx.functions_ssd import (
     ssd_scan_function,
     ssd_state_update_function,
 )
+from ssmcc.lowering.onnx.moe import SCHEMAS as MOE_SCHEMAS
+from ssmcc.lowering.onnx.moe import (
+    emit_moe_experts_node,
+    few_tokens,
+    moe_experts_function,
+    quantized_moe_experts_function,
+)
 from ssmcc.lowering.onnx.quantized import SCHEMAS as QUANTIZED_SCHEMAS
 from ssmcc.lowering.onnx.quantized import (
     half_linear_function,
@@ -79,7 +86,29 @@ def _translation_table(program: ExportedProgram) -> dict:
                 f"supported: {', '.join(sorted(ONNX_TABLE))}"
             )
         table[SSMCC_OPS[name]] = ONNX_TABLE[name].emit
+    if SSMCC_OPS["moe_experts"] in table and _few_expert_tokens(program):
+        table[SSMCC_OPS["moe_experts"]] = emit_moe_experts_node
     return table
+
+
+def _size(size):
+    return str(size.node.expr) if isinstance(size, torch.SymInt) else int(size)
+
+
+def _few_expert_tokens(program: ExportedProgram) -> bool:
+    """Every ``moe_experts`` node of the program runs on few tokens (``moe.few_tokens``: at most
+    a few, or one per sequence of the batch, the first user input's dim 0): a decode step."""
+    first = program.graph_signature.user_inputs[0]
+    batch = None
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name == first:
+            shape = node.meta["val"].shape
+            batch = _size(shape[0]) if len(shape) else None
+    return all(
+        few_tokens(_size(node.args[0].meta["val"].shape[0]), batch)
+        for node in program.graph.nodes
+        if node.op == "call_function" and node.target is SSMCC_OPS["moe_experts"]
+    )
 
 
 # the ops whose arg 1 is a conv weight (d, k)
@@ -91,6 +120,7 @@ _CALLED = {
     "MambaMixer": ("CausalConv1d", "SelectiveScan"),
     "MambaMixerStep": ("CausalConv1dUpdate", "SelectiveStateUpdate"),
     "QuantizedMambaMixer": ("Widen", "MambaMixer", "CausalConv1d", "SelectiveScan"),
+    "QuantizedMoeExperts": ("Widen", "MoeExperts"),
     "QuantizedMambaMixerStep": (
         "Widen",
         "MambaMixerStep",
@@ -177,7 +207,7 @@ def lower_to_onnx(
     """``dim_names`` maps the program's symbol names (e.g. ``s0``) to ONNX dim names.
     ``take_weights(ir_model)``, when given, moves the weights out of the exported model before
     it becomes a ModelProto (which would otherwise hold a copy of every weight)."""
-    register_schemas((*QUANTIZED_SCHEMAS, LINEAR_SCHEMA))
+    register_schemas((*QUANTIZED_SCHEMAS, LINEAR_SCHEMA, *MOE_SCHEMAS))
     table = _translation_table(program)
     widths = _conv_widths(program)
     if len(widths) > 1:
@@ -225,6 +255,8 @@ def lower_to_onnx(
         "QuantizedLinear": lambda: quantized_linear_function(OPSET),
         "HalfLinear": lambda: half_linear_function(OPSET),
         "Widen": lambda: widen_function(OPSET),
+        "MoeExperts": lambda: moe_experts_function(OPSET),
+        "QuantizedMoeExperts": lambda: quantized_moe_experts_function(OPSET),
     }
     for fused, called in _CALLED.items():
         if fused in used:
