@@ -536,6 +536,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ssmcc.cli_kernels import add_kernels_command
 
     add_kernels_command(commands)
+    from ssmcc.cli_serving import add_serving_commands
+
+    add_serving_commands(commands)
     return parser
 
 

@@ -32,3 +32,8 @@ class StreamingError(SSMCCError):
 
 class ArtifactError(SSMCCError):
     """An artifact directory is missing, incomplete, corrupt or would be overwritten."""
+
+
+class ServingError(SSMCCError):
+    """A serving repository cannot be written, or a server cannot be started or answered as
+    asked; the message says what to do."""

@@ -1,0 +1,313 @@
+"""An ssmcc artifact as a Triton Inference Server model repository (``ssmcc export-serving``).
+
+One model serves prefill chunks and decode steps through one interface. A request is one
+sequence's ``input_ids`` (a prompt, a chunk of it, or one token) with the sequence batcher's
+``START`` / ``END`` / ``CORRID`` controls; the response is the last position's ``logits`` (and,
+from the Python backend, the greedy ``next_token``). Requests of different sequences are batched
+together (``max_batch_size``, the batcher's ``oldest`` strategy); each sequence's per-layer state
+is carried between its requests. Two flavours from one artifact::
+
+    python       REPO/<name>/config.pbtxt      backend "python", sequence batcher with controls
+                 REPO/<name>/1/model.py        ssmcc.serving.triton_model: ssmcc's runtime, the
+                                               states kept per CORRID (the Python backend has no
+                                               implicit state), freed at END or when idle
+                 REPO/<name>/1/artifact/       the ssmcc artifact (any target)
+    onnxruntime  REPO/<name>/config.pbtxt      backend "onnxruntime", implicit state: every state
+                                               input/output pair of the graph, zeros at START
+                 REPO/<name>/1/model.onnx      the artifact's chunk graph (input_ids + states ->
+                 REPO/<name>/1/weights.bin     last logits + next states), portable bodies; the
+                                               ssmcc ORT library named in model_operations when
+                                               given (``ort_library``)
+
+plus ``REPO/README.md`` (how to launch it, how clients talk to it). The repository is written
+into a temporary folder beside ``out`` and moved into place at the end: nothing half-written is
+left after an error. The ``onnxruntime`` flavour needs an ONNX artifact whose states keep their
+shape (no K/V cache: Triton's implicit state is not given a growing dim here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+
+from ssmcc.errors import OptionError, ServingError
+
+FLAVOURS = ("python", "onnxruntime")
+_DTYPES = {"float32": "TYPE_FP32", "int64": "TYPE_INT64", "bfloat16": "TYPE_BF16"}
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def _manifest(artifact: str) -> dict:
+    path = os.path.join(artifact, "manifest.json")
+    if not os.path.isfile(path):
+        raise ServingError(
+            f"{artifact} is not an ssmcc artifact (no manifest.json): compile and "
+            "save a model first (ssmcc compile MODEL --out DIR)"
+        )
+    with open(path) as f:
+        manifest = json.load(f)
+    if not manifest.get("streaming"):
+        raise ServingError(
+            f"{artifact} has no prefill/step programs "
+            f"({manifest.get('streaming_refusal') or 'not a streaming language model'}): "
+            "serving needs a model compiled with its states"
+        )
+    return manifest
+
+
+def _check_options(flavour, name, max_batch_size, instances, threads, idle_timeout_s) -> None:
+    if flavour not in FLAVOURS:
+        raise OptionError(f"flavour must be one of {', '.join(FLAVOURS)}, got {flavour!r}")
+    if not _NAME.match(name):
+        raise OptionError(f"model name {name!r} must be letters, digits, '_', '.' or '-'")
+    for option, value, least in (
+        ("max_batch_size", max_batch_size, 1),
+        ("instances", instances, 1),
+        ("threads", threads, 0),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise OptionError(f"{option} must be an integer >= {least}, got {value!r}")
+    if not isinstance(idle_timeout_s, (int, float)) or idle_timeout_s <= 0:
+        raise OptionError(f"idle_timeout_s must be a positive number, got {idle_timeout_s!r}")
+
+
+def _dims(dims: list) -> str:
+    return "[ " + ", ".join(str(d if isinstance(d, int) else -1) for d in dims) + " ]"
+
+
+def _parameters(values: dict[str, str]) -> str:
+    return "".join(
+        f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in values.items()
+    )
+
+
+def _batcher(idle_timeout_s: float, max_batch_size: int, controls: bool, states: str) -> str:
+    controls_text = ""
+    if controls:
+        kinds = (
+            ("START", "CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ]"),
+            ("END", "CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ]"),
+            ("CORRID", "CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64"),
+        )
+        entries = ",\n".join(f'    {{ name: "{n}" control [ {{ kind: {k} }} ] }}' for n, k in kinds)
+        controls_text = f"  control_input [\n{entries}\n  ]\n"
+    return (
+        "sequence_batching {\n"
+        f"  max_sequence_idle_microseconds: {int(idle_timeout_s * 1e6)}\n"
+        f"{controls_text}{states}"
+        f"  oldest {{ max_candidate_sequences: {max_batch_size} "
+        "max_queue_delay_microseconds: 1000 }\n"
+        "}\n"
+    )
+
+
+def python_config(name, vocab, max_batch_size, instances, threads, idle_timeout_s, python_path):
+    parameters = {"threads": str(threads), "idle_timeout_s": f"{idle_timeout_s:g}"}
+    if python_path:
+        parameters["python_path"] = python_path
+    return (
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: {max_batch_size}\n'
+        'input [ { name: "input_ids" data_type: TYPE_INT64 dims: [ -1 ] } ]\n'
+        "output [\n"
+        f'  {{ name: "logits" data_type: TYPE_FP32 dims: [ {vocab} ] }},\n'
+        '  { name: "next_token" data_type: TYPE_INT64 dims: [ 1 ] }\n'
+        "]\n"
+        + _batcher(idle_timeout_s, max_batch_size, True, "")
+        + f"instance_group [ {{ kind: KIND_CPU count: {instances} }} ]\n"
+        + _parameters(parameters)
+    )
+
+
+def onnxruntime_config(name, graph, max_batch_size, instances, threads, idle_timeout_s, library):
+    """The ONNX Runtime backend's config: the chunk graph's ``input_ids`` and ``logits`` as the
+    request and response, every (state, state.next) pair as implicit state with zeros at START."""
+    inputs = {i["name"]: i for i in graph["inputs"]}
+    outputs = {o["name"]: o for o in graph["outputs"]}
+    states = ""
+    for state in [n for n in inputs if n != "input_ids"]:
+        spec = inputs[state]
+        if f"{state}.next" not in outputs:
+            raise ServingError(f"the chunk graph has state input {state!r} but no {state}.next")
+        dims = spec["dims"][1:]  # the batch dim is Triton's
+        if not all(isinstance(d, int) for d in dims):
+            raise ServingError(
+                f"state {state!r} has dims {spec['dims']}: a growing state (a K/V cache) cannot "
+                "be Triton implicit state here; export the python flavour for this model"
+            )
+        dtype = _DTYPES[spec["dtype"]]
+        states += (
+            f'  state {{ input_name: "{state}" output_name: "{state}.next" data_type: {dtype} '
+            f"dims: {_dims(dims)} initial_state {{ data_type: {dtype} dims: {_dims(dims)} "
+            'zero_data: true name: "zeros" } }\n'
+        )
+    vocab = outputs["logits"]["dims"][-1]
+    operations = f'model_operations {{ op_library_filename: [ "{library}" ] }}\n' if library else ""
+    return (
+        f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: {max_batch_size}\n'
+        'input [ { name: "input_ids" data_type: TYPE_INT64 dims: [ -1 ] } ]\n'
+        f'output [ {{ name: "logits" data_type: TYPE_FP32 dims: [ {vocab} ] }} ]\n'
+        + _batcher(idle_timeout_s, max_batch_size, False, states)
+        + f"instance_group [ {{ kind: KIND_CPU count: {instances} }} ]\n"
+        + operations
+        + (
+            'parameters { key: "intra_op_thread_count" value: { string_value: '
+            f'"{threads}" }} }}\n'
+            if threads
+            else ""
+        )
+    )
+
+
+_README = """# Triton Inference Server model repository for `{name}` (written by ssmcc {version})
+
+Flavour: **{flavour}** (`{name}/config.pbtxt`). Launch (the `tritonserver` of PyPI's
+`nvidia-pytriton`, as `ssmcc serve` does, or any Triton 2.x with the {backend} backend):
+
+    ssmcc serve {repo_hint}                     # prints the HTTP/gRPC ports; Ctrl-C stops it
+    tritonserver --model-repository=/path/to/repo
+
+{python_note}
+## Talking to it
+
+Each request is one sequence's token ids as `input_ids` (INT64, shape [1, L]: the prompt, a
+chunk of it, or one generated token) with the sequence id (`sequence_id`, a uint64 CORRID),
+`sequence_start=True` on its first request and `sequence_end=True` on its last. The response's
+`logits` (FP32 [1, {vocab}]) are the last position's{next_token}. Requests of different sequences
+are batched (up to {max_batch_size}); each sequence's per-layer state stays on the server between
+its requests and is freed at END or after {idle:g} s idle. A request for an unknown or expired
+sequence without `sequence_start` is answered with an error.
+
+    from ssmcc.serving import Client
+    client = Client("127.0.0.1:8000", "{name}")
+    tokens = client.generate(prompt_ids, max_new_tokens=32, sequence_id=1)    # greedy
+    tokens = client.generate(prompt_ids, 32, sequence_id=2, do_sample=True, seed=0, top_p=0.9)
+"""
+
+
+def _readme(name, flavour, vocab, max_batch_size, idle_timeout_s) -> str:
+    from ssmcc.version import __version__
+
+    python_note = (
+        "The Python backend imports ssmcc, torch and onnxruntime: start the server from the\n"
+        "environment ssmcc is installed in (`ssmcc serve` passes its `sys.path` as\n"
+        "PYTHONPATH), or set the `python_path` parameter in config.pbtxt.\n"
+        if flavour == "python"
+        else "The ONNX Runtime backend runs the chunk graph's portable bodies; name the ssmcc ORT\n"
+        "library (`--ort-library`) to run its kernels instead.\n"
+    )
+    return _README.format(
+        name=name,
+        version=__version__,
+        flavour=flavour,
+        backend="Python" if flavour == "python" else "ONNX Runtime",
+        repo_hint="REPO",
+        python_note=python_note,
+        vocab=vocab,
+        next_token=" and `next_token` (INT64 [1, 1]) the greedy choice"
+        if flavour == "python"
+        else "",
+        max_batch_size=max_batch_size,
+        idle=idle_timeout_s,
+    )
+
+
+def export_triton(
+    artifact: str,
+    out: str,
+    *,
+    name: str = "ssmcc",
+    flavour: str = "python",
+    max_batch_size: int = 8,
+    instances: int = 1,
+    threads: int = 0,
+    idle_timeout_s: float = 60.0,
+    python_path: str | None = "auto",
+    ort_library: str | None = None,
+    overwrite: bool = False,
+) -> str:
+    """Write the model repository ``out`` for the saved ssmcc ``artifact`` (module docstring);
+    returns ``out``. ``python_path="auto"`` records this interpreter's ``sys.path`` for the Python
+    backend's stub (None: rely on the server's environment)."""
+    _check_options(flavour, name, max_batch_size, instances, threads, idle_timeout_s)
+    manifest = _manifest(artifact)
+    if os.path.lexists(out) and not overwrite:
+        raise ServingError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
+    parent = os.path.dirname(os.path.abspath(out))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".ssmcc-serving-", dir=parent)
+    try:
+        version = os.path.join(staging, name, "1")
+        os.makedirs(version)
+        if flavour == "python":
+            path = (
+                os.pathsep.join(p for p in sys.path if p) if python_path == "auto" else python_path
+            )
+            config = python_config(
+                name,
+                manifest["vocab_size"],
+                max_batch_size,
+                instances,
+                threads,
+                idle_timeout_s,
+                path,
+            )
+            here = os.path.dirname(os.path.abspath(__file__))
+            shutil.copy2(os.path.join(here, "triton_model.py"), os.path.join(version, "model.py"))
+            shutil.copytree(artifact, os.path.join(version, "artifact"))
+        else:
+            config = _onnxruntime_files(
+                artifact,
+                manifest,
+                version,
+                name,
+                max_batch_size,
+                instances,
+                threads,
+                idle_timeout_s,
+                ort_library,
+            )
+        with open(os.path.join(staging, name, "config.pbtxt"), "w") as f:
+            f.write(config)
+        with open(os.path.join(staging, "README.md"), "w") as f:
+            f.write(_readme(name, flavour, manifest["vocab_size"], max_batch_size, idle_timeout_s))
+        if os.path.lexists(out):
+            shutil.rmtree(out) if os.path.isdir(out) else os.remove(out)
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def _onnxruntime_files(
+    artifact,
+    manifest,
+    version,
+    name,
+    max_batch_size,
+    instances,
+    threads,
+    idle_timeout_s,
+    ort_library,
+) -> str:
+    if manifest.get("target") != "onnx":
+        raise ServingError(
+            f"the onnxruntime flavour needs an ONNX artifact; {artifact} is a "
+            f"{manifest.get('target')!r} one (compile with --target onnx, or export the python "
+            "flavour)"
+        )
+    graph = manifest["graphs"].get("chunk")
+    if graph is None:
+        raise ServingError(f"{artifact} has no chunk graph to serve")
+    config = onnxruntime_config(
+        name, graph, max_batch_size, instances, threads, idle_timeout_s, ort_library
+    )
+    shutil.copy2(os.path.join(artifact, graph["file"]), os.path.join(version, "model.onnx"))
+    for file in manifest["files"]:
+        if file.endswith(".bin"):  # the graphs' external weights, at the path they name
+            shutil.copy2(os.path.join(artifact, file), os.path.join(version, file))
+    return config

@@ -1,0 +1,335 @@
+"""Serving through Triton Inference Server: repositories written by ``export_triton`` and served by
+a real ``tritonserver`` (the nvidia-pytriton wheel's, Python backend), driven by ``tritonclient``
+through ``ssmcc.serving.Client``; the ONNX Runtime flavour's config checked against Triton's own
+``model_config.proto`` (that backend is not in the wheel, so it is not run here)."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import os
+import random
+import threading
+import time
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import ssmcc
+from ssmcc.errors import OptionError, ServingError
+from ssmcc.presets import build_preset
+
+pytest.importorskip("pytriton", reason="serving extra not installed: pip install 'ssmcc[serving]'")
+pytest.importorskip("tritonclient.http")
+
+from ssmcc.serving import Client, TritonServer, export_triton  # noqa: E402
+
+IDLE_S = 4.0  # the repository's idle timeout: short, so that the expiry test is quick
+
+
+@pytest.fixture(scope="module")
+def mamba(tmp_path_factory):
+    """(compiled model, artifact folder): mamba-tiny on the ONNX target."""
+    model = build_preset("mamba-tiny").eval()
+    compiled = ssmcc.compile(model, target="onnx")
+    folder = str(tmp_path_factory.mktemp("serving") / "artifact")
+    compiled.save(folder)
+    return compiled, folder
+
+
+@pytest.fixture(scope="module")
+def server(mamba, tmp_path_factory):
+    _, artifact = mamba
+    repo = str(tmp_path_factory.mktemp("serving") / "repo")
+    export_triton(artifact, repo, name="mamba", max_batch_size=8, idle_timeout_s=IDLE_S, threads=1)
+    with TritonServer(repo) as running:
+        yield running
+    assert running.process.poll() is not None  # stopped, whatever happened in the tests
+    assert _processes_mentioning(repo) == []  # its Python backend stubs too
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that contain ``text`` (the server's and its stubs' name
+    the repository)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                line = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in line and int(pid) != os.getpid():
+            found.append(line)
+    return found
+
+
+def _prompt(seed: int, length: int) -> torch.Tensor:
+    return torch.randint(0, 256, (length,), generator=torch.Generator().manual_seed(seed))
+
+
+def test_eight_sequences_interleaved_at_random_match_generate(mamba, server):
+    """8 sequences with prompts of different lengths, each streamed by its own thread with random
+    pauses, so that steps of different sequences meet in the batcher: every sequence's tokens
+    equal ``compiled.generate`` on its prompt alone (greedy for six, sampled for two)."""
+    compiled, _ = mamba
+    jobs = []
+    for i in range(8):
+        sampling = dict(do_sample=True, seed=i, top_k=40) if i >= 6 else {}
+        jobs.append((100 + i, _prompt(i, 3 + 5 * i), sampling))
+
+    def run(job):
+        sequence_id, prompt, sampling = job
+        client = Client(server.url, "mamba")  # one per thread: tritonclient's are not shared
+        pause = random.Random(sequence_id)
+        tokens = []
+        for token in client.stream(prompt, 16, sequence_id=sequence_id, **sampling):
+            tokens.append(token)
+            time.sleep(pause.uniform(0, 0.01))
+        return tokens
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(run, jobs))
+    for (_, prompt, sampling), tokens in zip(jobs, results, strict=True):
+        expected = compiled.generate(prompt[None], 16, **sampling)[0, prompt.numel() :]
+        assert tokens == expected.tolist()
+
+
+def test_steps_of_different_sequences_run_as_one_batch(mamba, server):
+    """Eight sequences stepped in lock step: the batcher hands the model several requests per
+    execution (Triton's statistics count fewer executions than inferences), and each sequence's
+    logits equal those of its own prefill + steps."""
+    compiled, _ = mamba
+    client = Client(server.url, "mamba")
+    before = _counts(client)
+    prompts = [_prompt(50 + i, 7) for i in range(8)]
+    tokens = [
+        torch.randint(0, 256, (4,), generator=torch.Generator().manual_seed(i)) for i in range(8)
+    ]
+    for i, prompt in enumerate(prompts):
+        client.infer(prompt.numpy(), 200 + i, start=True)
+    barrier = threading.Barrier(8)
+
+    def steps(i):
+        own = Client(server.url, "mamba")
+        got = []
+        for j in range(4):
+            barrier.wait()
+            got.append(own.infer([int(tokens[i][j])], 200 + i, end=j == 3))
+        return got
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(steps, range(8)))
+    after = _counts(client)
+    inferences, executions = (after[k] - before[k] for k in ("inference", "execution"))
+    assert inferences == 8 * 5 and executions < inferences
+    for i, got in enumerate(results):
+        _, state = compiled.prefill(prompts[i][None])
+        for j in range(4):
+            logits, state = compiled.step(tokens[i][j : j + 1], state)
+            np.testing.assert_allclose(got[j], logits[0].numpy(), rtol=1e-4, atol=1e-4)
+
+
+def _counts(client: Client) -> dict[str, int]:
+    stats = client.client.get_inference_statistics("mamba")["model_stats"][0]
+    return {"inference": int(stats["inference_count"]), "execution": int(stats["execution_count"])}
+
+
+def test_a_restarted_sequence_starts_from_the_zero_state(mamba, server):
+    compiled, _ = mamba
+    client = Client(server.url, "mamba")
+    prompt, other = _prompt(1, 9), _prompt(2, 5)
+    first = client.generate(other, 6, sequence_id=7)  # ends the sequence
+    assert first == compiled.generate(other[None], 6)[0, 5:].tolist()
+    client.infer(other.numpy(), 7, start=True)  # restarted, then abandoned mid-way
+    again = client.generate(prompt, 6, sequence_id=7)  # START again: no trace of the above
+    assert again == compiled.generate(prompt[None], 6)[0, 9:].tolist()
+
+
+def test_unknown_and_expired_sequences_get_a_clear_error(server):
+    client = Client(server.url, "mamba")
+    with pytest.raises(ServingError, match=r"sequence 4242: .*START"):
+        client.infer([1, 2, 3], 4242)  # never started
+    client.infer([1, 2, 3], 4343, start=True)
+    time.sleep(IDLE_S + 2)  # past the idle timeout: the batcher and the model free it
+    with pytest.raises(ServingError, match=r"sequence 4343: .*START"):
+        client.infer([4], 4343)
+    client.infer([4], 4343, start=True, end=True)  # and it can start again
+
+
+def test_onnxruntime_flavour_config_follows_model_config_proto(mamba, tmp_path):
+    """The production flavour's config.pbtxt parses into Triton's ModelConfig message, and names
+    exactly the served graph's request input, response output and state pairs."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    _, artifact = mamba
+    repo = str(tmp_path / "repo")
+    export_triton(artifact, repo, name="m", flavour="onnxruntime", max_batch_size=4, threads=2)
+    with open(os.path.join(repo, "m", "config.pbtxt")) as f:
+        config = text_format.Parse(f.read(), model_config_pb2.ModelConfig())
+    graph = onnx.load(os.path.join(repo, "m", "1", "model.onnx"), load_external_data=False)
+    inputs = [i.name for i in graph.graph.input]
+    outputs = [o.name for o in graph.graph.output]
+    states = [n for n in inputs if n != "input_ids"]
+    assert config.backend == "onnxruntime" and config.max_batch_size == 4
+    assert [i.name for i in config.input] == ["input_ids"]
+    assert [o.name for o in config.output] == ["logits"]
+    pairs = [(s.input_name, s.output_name) for s in config.sequence_batching.state]
+    assert pairs == [(n, f"{n}.next") for n in states]
+    assert sorted(outputs) == sorted(["logits", *[f"{n}.next" for n in states]])
+    dims = {
+        i.name: [d.dim_value for d in i.type.tensor_type.shape.dim][1:] for i in graph.graph.input
+    }
+    for state in config.sequence_batching.state:
+        assert list(state.dims) == dims[state.input_name]
+        assert state.initial_state[0].zero_data
+    # the graph and its weights load as the backend would read them
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(os.path.join(repo, "m", "1", "model.onnx"))
+    assert [i.name for i in session.get_inputs()] == inputs
+
+
+def test_export_refuses_what_it_cannot_serve(mamba, tmp_path):
+    _, artifact = mamba
+    with pytest.raises(OptionError, match="max_batch_size must be an integer >= 1"):
+        export_triton(artifact, str(tmp_path / "r"), max_batch_size=0)
+    with pytest.raises(OptionError, match="flavour must be one of"):
+        export_triton(artifact, str(tmp_path / "r"), flavour="tensorflow")
+    with pytest.raises(ServingError, match="not an ssmcc artifact"):
+        export_triton(str(tmp_path), str(tmp_path / "r"))
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(ServingError, match="already exists"):
+        export_triton(artifact, str(tmp_path / "taken"))
+    assert sorted(os.listdir(tmp_path)) == ["taken"]  # nothing half-written beside it
+
+
+@pytest.mark.slow
+def test_a_model_with_kv_caches_is_served_by_the_python_flavour_only(tmp_path):
+    model = build_preset("granite-hybrid-tiny").eval()
+    compiled = ssmcc.compile(model, target="onnx")
+    artifact = str(tmp_path / "artifact")
+    compiled.save(artifact)
+    with pytest.raises(ServingError, match=r"growing state .*python flavour"):
+        export_triton(artifact, str(tmp_path / "repo"), flavour="onnxruntime")
+    assert not os.path.exists(tmp_path / "repo")
+    export_triton(artifact, str(tmp_path / "repo"))
+    assert collections.Counter(os.listdir(tmp_path / "repo")) == {"README.md": 1, "ssmcc": 1}
+
+
+def test_export_serving_command_writes_the_repository(mamba, tmp_path):
+    from ssmcc.cli import main
+
+    _, artifact = mamba
+    repo = str(tmp_path / "repo")
+    code = main(["export-serving", artifact, "--engine", "triton", "--out", repo, "--name", "m"])
+    assert code == 0
+    assert sorted(os.listdir(os.path.join(repo, "m", "1"))) == ["artifact", "model.py"]
+    with open(os.path.join(repo, "README.md")) as f:
+        assert "sequence_start=True" in f.read()
+
+
+def test_serve_command_runs_until_interrupted(mamba, tmp_path):
+    """``ssmcc serve REPO`` prints its address, answers health checks, and on Ctrl-C stops the
+    server it started and exits 0."""
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    _, artifact = mamba
+    repo = export_triton(artifact, str(tmp_path / "repo"), name="m")
+    command = [sys.executable, "-m", "ssmcc.cli", "serve", repo]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("serving at http://127.0.0.1:"), process.stderr.read()
+        url = line.split()[2]
+        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=10) as answer:
+            assert answer.status == 200
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+        process.wait()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5)
+    assert _processes_mentioning(repo) == []
+
+
+def test_a_server_whose_owner_fails_is_reaped(mamba, tmp_path):
+    """The server is stopped when the test using it fails (the context manager's exit) and when
+    its object is dropped without a stop (a finalizer)."""
+    _, artifact = mamba
+    repo = export_triton(artifact, str(tmp_path / "repo"), name="m")
+    with pytest.raises(RuntimeError, match="a failing test"):
+        with TritonServer(repo):
+            raise RuntimeError("a failing test")
+    assert _processes_mentioning(repo) == []
+    server = TritonServer(repo).start()
+    process = server.process
+    del server
+    import gc
+
+    gc.collect()
+    assert process.poll() is not None and _processes_mentioning(repo) == []
+
+
+def test_grpc_client_streams_the_same_tokens(mamba, server):
+    compiled, _ = mamba
+    client = Client(server.grpc_url, "mamba", protocol="grpc")
+    prompt = _prompt(11, 6)
+    assert (
+        client.generate(prompt, 8, sequence_id=31)
+        == compiled.generate(prompt[None], 8)[0, 6:].tolist()
+    )
+    with pytest.raises(ServingError, match="protocol must be one of http, grpc"):
+        Client(server.url, "mamba", protocol="websocket")
+
+
+FAMILIES = [
+    "falcon-mamba-tiny",
+    "mamba2-tiny",
+    "jamba-tiny",
+    "bamba-tiny",
+    "granite-hybrid-tiny",
+    "nemotron-h-tiny",
+    "zamba-tiny",
+    "zamba2-tiny",
+    "falcon-h1-tiny",
+]
+
+
+@pytest.mark.slow
+def test_every_family_serves_concurrent_sequences_with_generates_tokens(tmp_path):
+    """One repository holding every other family (torch target; K/V-cache hybrids step one
+    sequence at a time), one server: per model, 4 sequences streamed concurrently give
+    ``compiled.generate``'s tokens."""
+    repo = str(tmp_path / "repo")
+    compiled = {}
+    for preset in FAMILIES:
+        model = build_preset(preset).eval()
+        compiled[preset] = ssmcc.compile(model, target="torch")
+        artifact = str(tmp_path / preset)
+        compiled[preset].save(artifact)
+        export_triton(artifact, str(tmp_path / f"{preset}-repo"), name=preset, threads=1)
+    os.makedirs(repo)
+    for preset in FAMILIES:
+        os.replace(str(tmp_path / f"{preset}-repo" / preset), os.path.join(repo, preset))
+
+    def run(job):
+        preset, sequence_id = job
+        prompt = _prompt(sequence_id, 2 + sequence_id % 9)
+        tokens = Client(server.url, preset).generate(prompt, 8, sequence_id=sequence_id)
+        return preset, prompt, tokens
+
+    with TritonServer(repo, ready_timeout_s=300) as server:
+        jobs = [(preset, 1000 + 10 * i + j) for i, preset in enumerate(FAMILIES) for j in range(4)]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(run, jobs))
+    for preset, prompt, tokens in results:
+        expected = compiled[preset].generate(prompt[None], 8)[0, prompt.numel() :]
+        assert tokens == expected.tolist(), preset
+    assert _processes_mentioning(repo) == []
