@@ -17,6 +17,7 @@ def _cmd_export_serving(args: argparse.Namespace) -> int:
         name=args.name,
         flavour=args.flavour,
         max_batch_size=args.max_batch_size,
+        batch_delay_ms=args.batch_delay,
         instances=args.instances,
         threads=args.threads,
         idle_timeout_s=args.idle_timeout,
@@ -76,6 +77,14 @@ def add_serving_commands(commands) -> None:
         type=int,
         default=8,
         help="requests of different sequences batched together (default 8)",
+    )
+    export.add_argument(
+        "--batch-delay",
+        type=float,
+        default=1.0,
+        metavar="MS",
+        help="how long a request may wait for requests of other sequences to batch with "
+        "(default 1 ms; a few ms, about one step's time, keep concurrent sequences in one batch)",
     )
     export.add_argument("--instances", type=int, default=1, help="model instances (default 1)")
     export.add_argument(

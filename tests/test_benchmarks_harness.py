@@ -178,3 +178,33 @@ def test_token_clock_reads_only_the_new_tokens():
     assert clock.seconds_per_token(4) == 0.5
     with pytest.raises(ValueError, match="2 or more timed tokens"):
         clock.seconds_per_token(6)
+
+
+@pytest.mark.slow
+def test_serving_suite_reports_both_ways_with_the_same_tokens(tmp_path):
+    pytest.importorskip("pytriton", reason="serving extra not installed")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.serving",
+            "--model",
+            "mamba-tiny",
+            "--sequences",
+            "3",
+            "--new-tokens",
+            "4",
+            "--prompt-length",
+            "5",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "serving.json").read_text())
+    assert result["same_tokens"] and result["server_inferences"] == 2 * 3 * 4 + 4
+    assert result["one_at_a_time"]["tokens_per_s"] > 0 and result["concurrent"]["tokens_per_s"] > 0

@@ -196,6 +196,8 @@ def test_export_refuses_what_it_cannot_serve(mamba, tmp_path):
     _, artifact = mamba
     with pytest.raises(OptionError, match="max_batch_size must be an integer >= 1"):
         export_triton(artifact, str(tmp_path / "r"), max_batch_size=0)
+    with pytest.raises(OptionError, match="batch_delay_ms must be a number >= 0"):
+        export_triton(artifact, str(tmp_path / "r"), batch_delay_ms=-1)
     with pytest.raises(OptionError, match="flavour must be one of"):
         export_triton(artifact, str(tmp_path / "r"), flavour="tensorflow")
     with pytest.raises(ServingError, match="not an ssmcc artifact"):

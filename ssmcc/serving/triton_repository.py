@@ -27,6 +27,7 @@ shape (no K/V cache: Triton's implicit state is not given a growing dim here).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -59,20 +60,33 @@ def _manifest(artifact: str) -> dict:
     return manifest
 
 
-def _check_options(flavour, name, max_batch_size, instances, threads, idle_timeout_s) -> None:
-    if flavour not in FLAVOURS:
-        raise OptionError(f"flavour must be one of {', '.join(FLAVOURS)}, got {flavour!r}")
-    if not _NAME.match(name):
-        raise OptionError(f"model name {name!r} must be letters, digits, '_', '.' or '-'")
-    for option, value, least in (
-        ("max_batch_size", max_batch_size, 1),
-        ("instances", instances, 1),
-        ("threads", threads, 0),
-    ):
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise OptionError(f"{option} must be an integer >= {least}, got {value!r}")
-    if not isinstance(idle_timeout_s, (int, float)) or idle_timeout_s <= 0:
-        raise OptionError(f"idle_timeout_s must be a positive number, got {idle_timeout_s!r}")
+@dataclasses.dataclass(frozen=True)
+class ServingOptions:
+    """What ``export_triton`` writes into ``config.pbtxt`` (its keyword arguments)."""
+
+    name: str = "ssmcc"
+    flavour: str = "python"
+    max_batch_size: int = 8
+    batch_delay_ms: float = 1.0
+    instances: int = 1
+    threads: int = 0
+    idle_timeout_s: float = 60.0
+    python_path: str | None = None
+    ort_library: str | None = None
+
+    def check(self) -> None:
+        if self.flavour not in FLAVOURS:
+            raise OptionError(f"flavour must be one of {', '.join(FLAVOURS)}, got {self.flavour!r}")
+        if not _NAME.match(self.name):
+            raise OptionError(f"model name {self.name!r} must be letters, digits, '_', '.' or '-'")
+        for option, least in (("max_batch_size", 1), ("instances", 1), ("threads", 0)):
+            value = getattr(self, option)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise OptionError(f"{option} must be an integer >= {least}, got {value!r}")
+        for option, least in (("idle_timeout_s", 1e-3), ("batch_delay_ms", 0.0)):
+            value = getattr(self, option)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < least:
+                raise OptionError(f"{option} must be a number >= {least:g}, got {value!r}")
 
 
 def _dims(dims: list) -> str:
@@ -85,7 +99,10 @@ def _parameters(values: dict[str, str]) -> str:
     )
 
 
-def _batcher(idle_timeout_s: float, max_batch_size: int, controls: bool, states: str) -> str:
+def _batcher(options: ServingOptions, controls: bool, states: str) -> str:
+    """Requests of up to ``max_batch_size`` sequences per execution; a request waits up to
+    ``batch_delay_ms`` for the others (without a wait, sequences that fall out of step at their
+    prompts keep running in small groups: the server is never idle long enough to merge them)."""
     controls_text = ""
     if controls:
         kinds = (
@@ -97,32 +114,33 @@ def _batcher(idle_timeout_s: float, max_batch_size: int, controls: bool, states:
         controls_text = f"  control_input [\n{entries}\n  ]\n"
     return (
         "sequence_batching {\n"
-        f"  max_sequence_idle_microseconds: {int(idle_timeout_s * 1e6)}\n"
+        f"  max_sequence_idle_microseconds: {int(options.idle_timeout_s * 1e6)}\n"
         f"{controls_text}{states}"
-        f"  oldest {{ max_candidate_sequences: {max_batch_size} "
-        "max_queue_delay_microseconds: 1000 }\n"
+        f"  oldest {{ max_candidate_sequences: {options.max_batch_size} "
+        f"preferred_batch_size: [ {options.max_batch_size} ] "
+        f"max_queue_delay_microseconds: {int(options.batch_delay_ms * 1000)} }}\n"
         "}\n"
     )
 
 
-def python_config(name, vocab, max_batch_size, instances, threads, idle_timeout_s, python_path):
-    parameters = {"threads": str(threads), "idle_timeout_s": f"{idle_timeout_s:g}"}
-    if python_path:
-        parameters["python_path"] = python_path
+def python_config(options: ServingOptions, vocab: int) -> str:
+    parameters = {"threads": str(options.threads), "idle_timeout_s": f"{options.idle_timeout_s:g}"}
+    if options.python_path:
+        parameters["python_path"] = options.python_path
     return (
-        f'name: "{name}"\nbackend: "python"\nmax_batch_size: {max_batch_size}\n'
+        f'name: "{options.name}"\nbackend: "python"\nmax_batch_size: {options.max_batch_size}\n'
         'input [ { name: "input_ids" data_type: TYPE_INT64 dims: [ -1 ] } ]\n'
         "output [\n"
         f'  {{ name: "logits" data_type: TYPE_FP32 dims: [ {vocab} ] }},\n'
         '  { name: "next_token" data_type: TYPE_INT64 dims: [ 1 ] }\n'
         "]\n"
-        + _batcher(idle_timeout_s, max_batch_size, True, "")
-        + f"instance_group [ {{ kind: KIND_CPU count: {instances} }} ]\n"
+        + _batcher(options, True, "")
+        + f"instance_group [ {{ kind: KIND_CPU count: {options.instances} }} ]\n"
         + _parameters(parameters)
     )
 
 
-def onnxruntime_config(name, graph, max_batch_size, instances, threads, idle_timeout_s, library):
+def onnxruntime_config(options: ServingOptions, graph: dict) -> str:
     """The ONNX Runtime backend's config: the chunk graph's ``input_ids`` and ``logits`` as the
     request and response, every (state, state.next) pair as implicit state with zeros at START."""
     inputs = {i["name"]: i for i in graph["inputs"]}
@@ -145,13 +163,15 @@ def onnxruntime_config(name, graph, max_batch_size, instances, threads, idle_tim
             'zero_data: true name: "zeros" } }\n'
         )
     vocab = outputs["logits"]["dims"][-1]
+    library, threads = options.ort_library, options.threads
     operations = f'model_operations {{ op_library_filename: [ "{library}" ] }}\n' if library else ""
     return (
-        f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: {max_batch_size}\n'
+        f'name: "{options.name}"\nbackend: "onnxruntime"\n'
+        f"max_batch_size: {options.max_batch_size}\n"
         'input [ { name: "input_ids" data_type: TYPE_INT64 dims: [ -1 ] } ]\n'
         f'output [ {{ name: "logits" data_type: TYPE_FP32 dims: [ {vocab} ] }} ]\n'
-        + _batcher(idle_timeout_s, max_batch_size, False, states)
-        + f"instance_group [ {{ kind: KIND_CPU count: {instances} }} ]\n"
+        + _batcher(options, False, states)
+        + f"instance_group [ {{ kind: KIND_CPU count: {options.instances} }} ]\n"
         + operations
         + (
             'parameters { key: "intra_op_thread_count" value: { string_value: '
@@ -188,8 +208,10 @@ sequence without `sequence_start` is answered with an error.
 """
 
 
-def _readme(name, flavour, vocab, max_batch_size, idle_timeout_s) -> str:
+def _readme(options: ServingOptions, vocab: int) -> str:
     from ssmcc.version import __version__
+
+    name, flavour = options.name, options.flavour
 
     python_note = (
         "The Python backend imports ssmcc, torch and onnxruntime: start the server from the\n"
@@ -210,8 +232,8 @@ def _readme(name, flavour, vocab, max_batch_size, idle_timeout_s) -> str:
         next_token=" and `next_token` (INT64 [1, 1]) the greedy choice"
         if flavour == "python"
         else "",
-        max_batch_size=max_batch_size,
-        idle=idle_timeout_s,
+        max_batch_size=options.max_batch_size,
+        idle=options.idle_timeout_s,
     )
 
 
@@ -222,6 +244,7 @@ def export_triton(
     name: str = "ssmcc",
     flavour: str = "python",
     max_batch_size: int = 8,
+    batch_delay_ms: float = 1.0,
     instances: int = 1,
     threads: int = 0,
     idle_timeout_s: float = 60.0,
@@ -230,9 +253,23 @@ def export_triton(
     overwrite: bool = False,
 ) -> str:
     """Write the model repository ``out`` for the saved ssmcc ``artifact`` (module docstring);
-    returns ``out``. ``python_path="auto"`` records this interpreter's ``sys.path`` for the Python
-    backend's stub (None: rely on the server's environment)."""
-    _check_options(flavour, name, max_batch_size, instances, threads, idle_timeout_s)
+    returns ``out``. ``batch_delay_ms``: how long a request may wait for others to batch with.
+    ``python_path="auto"`` records this interpreter's ``sys.path`` for the Python backend's stub
+    (None: rely on the server's environment)."""
+    if python_path == "auto":
+        python_path = os.pathsep.join(p for p in sys.path if p)
+    options = ServingOptions(
+        name,
+        flavour,
+        max_batch_size,
+        batch_delay_ms,
+        instances,
+        threads,
+        idle_timeout_s,
+        python_path,
+        ort_library,
+    )
+    options.check()
     manifest = _manifest(artifact)
     if os.path.lexists(out) and not overwrite:
         raise ServingError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
@@ -243,37 +280,16 @@ def export_triton(
         version = os.path.join(staging, name, "1")
         os.makedirs(version)
         if flavour == "python":
-            path = (
-                os.pathsep.join(p for p in sys.path if p) if python_path == "auto" else python_path
-            )
-            config = python_config(
-                name,
-                manifest["vocab_size"],
-                max_batch_size,
-                instances,
-                threads,
-                idle_timeout_s,
-                path,
-            )
+            config = python_config(options, manifest["vocab_size"])
             here = os.path.dirname(os.path.abspath(__file__))
             shutil.copy2(os.path.join(here, "triton_model.py"), os.path.join(version, "model.py"))
             shutil.copytree(artifact, os.path.join(version, "artifact"))
         else:
-            config = _onnxruntime_files(
-                artifact,
-                manifest,
-                version,
-                name,
-                max_batch_size,
-                instances,
-                threads,
-                idle_timeout_s,
-                ort_library,
-            )
+            config = _onnxruntime_files(artifact, manifest, version, options)
         with open(os.path.join(staging, name, "config.pbtxt"), "w") as f:
             f.write(config)
         with open(os.path.join(staging, "README.md"), "w") as f:
-            f.write(_readme(name, flavour, manifest["vocab_size"], max_batch_size, idle_timeout_s))
+            f.write(_readme(options, manifest["vocab_size"]))
         if os.path.lexists(out):
             shutil.rmtree(out) if os.path.isdir(out) else os.remove(out)
         os.replace(staging, out)
@@ -283,17 +299,7 @@ def export_triton(
     return out
 
 
-def _onnxruntime_files(
-    artifact,
-    manifest,
-    version,
-    name,
-    max_batch_size,
-    instances,
-    threads,
-    idle_timeout_s,
-    ort_library,
-) -> str:
+def _onnxruntime_files(artifact, manifest, version, options: ServingOptions) -> str:
     if manifest.get("target") != "onnx":
         raise ServingError(
             f"the onnxruntime flavour needs an ONNX artifact; {artifact} is a "
@@ -303,9 +309,7 @@ def _onnxruntime_files(
     graph = manifest["graphs"].get("chunk")
     if graph is None:
         raise ServingError(f"{artifact} has no chunk graph to serve")
-    config = onnxruntime_config(
-        name, graph, max_batch_size, instances, threads, idle_timeout_s, ort_library
-    )
+    config = onnxruntime_config(options, graph)
     shutil.copy2(os.path.join(artifact, graph["file"]), os.path.join(version, "model.onnx"))
     for file in manifest["files"]:
         if file.endswith(".bin"):  # the graphs' external weights, at the path they name
