@@ -26,6 +26,7 @@ from ssmcc.lowering.onnx.runtime import custom_op_library
 from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION, register_schemas
 from ssmcc.ops.moe_experts import ACTIVATIONS, activate, moe_experts_ref
 from ssmcc.ops.quantized_linear import dequantize_weight, quantize_weight
+from tests.test_ops_hybrid import _moe_inputs as _inputs
 
 OPSET = 20
 TOLERANCE = dict(rtol=1e-5, atol=2e-5)  # float32 sums in another order than float64's
@@ -53,16 +54,6 @@ def _oracle(hidden, index, weights, up, down, activation, gated):
                 active = activate(projected, activation)
             out[t] += w * (down[e].double() @ active)
     return out
-
-
-def _inputs(tokens, experts, k, dim, width, gated, seed):
-    g = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(tokens, dim, generator=g)
-    index = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)])
-    weights = torch.rand(tokens, k, generator=g)
-    up = torch.randn(experts, 2 * width if gated else width, dim, generator=g) / dim**0.5
-    down = torch.randn(experts, dim, width, generator=g) / width**0.5
-    return hidden, index, weights, up, down
 
 
 def _initializer(stored: torch.Tensor, name: str) -> onnx.TensorProto:
