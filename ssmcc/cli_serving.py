@@ -34,16 +34,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     server = TritonServer(args.repository, http_port=args.http_port, grpc_port=args.grpc_port)
     print(f"[ssmcc] starting tritonserver on {args.repository}", file=sys.stderr, flush=True)
-    with server:
-        print(
-            f"serving at http://{server.url} (gRPC 127.0.0.1:{server.grpc_port}); Ctrl-C stops it"
-        )
-        sys.stdout.flush()
-        try:
+    try:  # Ctrl-C at any point (starting, serving, stopping) stops the server and exits 0
+        with server:
+            print(f"serving at http://{server.url} (gRPC {server.grpc_url}); Ctrl-C stops it")
+            sys.stdout.flush()
             while server.process.poll() is None:
                 time.sleep(0.5)
-        except KeyboardInterrupt:
-            return 0
+    except KeyboardInterrupt:
+        return 0
     print(
         f"ssmcc: error: tritonserver exited with code {server.process.returncode}", file=sys.stderr
     )

@@ -307,8 +307,8 @@ FAMILIES = [
 @pytest.mark.slow
 def test_every_family_serves_concurrent_sequences_with_generates_tokens(tmp_path):
     """One repository holding every other family (torch target; K/V-cache hybrids step one
-    sequence at a time), one server: per model, 4 sequences streamed concurrently give
-    ``compiled.generate``'s tokens."""
+    sequence at a time), one server: per model, 8 sequences interleaved at random (16 client
+    threads across the models) give ``compiled.generate``'s tokens."""
     repo = str(tmp_path / "repo")
     compiled = {}
     for preset in FAMILIES:
@@ -324,12 +324,17 @@ def test_every_family_serves_concurrent_sequences_with_generates_tokens(tmp_path
     def run(job):
         preset, sequence_id = job
         prompt = _prompt(sequence_id, 2 + sequence_id % 9)
-        tokens = Client(server.url, preset).generate(prompt, 8, sequence_id=sequence_id)
+        client, pause = Client(server.url, preset), random.Random(sequence_id)
+        tokens = []
+        for token in client.stream(prompt, 8, sequence_id=sequence_id):
+            tokens.append(token)
+            time.sleep(pause.uniform(0, 0.01))
         return preset, prompt, tokens
 
+    jobs = [(preset, 1000 + 10 * i + j) for i, preset in enumerate(FAMILIES) for j in range(8)]
+    random.Random(0).shuffle(jobs)
     with TritonServer(repo, ready_timeout_s=300) as server:
-        jobs = [(preset, 1000 + 10 * i + j) for i, preset in enumerate(FAMILIES) for j in range(4)]
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
             results = list(pool.map(run, jobs))
     for preset, prompt, tokens in results:
         expected = compiled[preset].generate(prompt[None], 8)[0, prompt.numel() :]

@@ -83,7 +83,7 @@ class TritonPythonModel:
         self.specs = self.model.executable.specs
         self.batched_steps = not any(spec.grows for spec in self.specs)
         self.idle_s = float(parameters.get("idle_timeout_s", "0") or 0)
-        self.states: dict[int, object] = {}
+        self.states: dict[int, tuple[_Batch, int]] = {}  # CORRID -> its row of a batch
         self.last_used: dict[int, float] = {}
         self.lock = threading.Lock()
 
