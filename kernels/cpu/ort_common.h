@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "denormals.h"
+#include "gemv_quantized.h"
 #include "onnxruntime_cxx_api.h"
 #include "tuning.h"
 
@@ -105,12 +106,20 @@ class Inputs {
   const char* op_;
 };
 
-// A float op whose kernel errors (bad shapes, allocation failures) become ORT statuses: nothing
-// is thrown across ORT's C API.
+// The element type an op declares for input ``i``.
+using InputType = ONNXTensorElementDataType (*)(size_t i);
+
+inline ONNXTensorElementDataType all_float(size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+
+// An op with float outputs whose kernel errors (bad shapes, allocation failures) become ORT
+// statuses: nothing is thrown across ORT's C API. Its inputs are float unless ``input_type``
+// says otherwise (UNDEFINED: a stored weight whose storage the kernel checks at run time).
 template <typename Kernel, int Inputs, int Outputs>
 struct FloatOp : Ort::CustomOpBase<FloatOp<Kernel, Inputs, Outputs>, Kernel, true> {
   const char* name;
-  explicit FloatOp(const char* op_name) : name(op_name) {}
+  InputType input_type;
+  explicit FloatOp(const char* op_name, InputType types = all_float)
+      : name(op_name), input_type(types) {}
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
     try {
       *kernel = new Kernel(api, info);
@@ -122,14 +131,27 @@ struct FloatOp : Ort::CustomOpBase<FloatOp<Kernel, Inputs, Outputs>, Kernel, tru
   const char* GetName() const { return name; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return Inputs; }
-  ONNXTensorElementDataType GetInputType(size_t) const {
-    return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  }
+  ONNXTensorElementDataType GetInputType(size_t i) const { return input_type(i); }
   size_t GetOutputTypeCount() const { return Outputs; }
   ONNXTensorElementDataType GetOutputType(size_t) const {
     return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
 };
+
+// The ssmcc::Storage of a weight stored small (int8, bfloat16, float16), or -1 for any other
+// element type.
+inline int storage_of(ONNXTensorElementDataType type) {
+  switch (type) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8:
+      return static_cast<int>(Storage::kInt8);
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16:
+      return static_cast<int>(Storage::kBFloat16);
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16:
+      return static_cast<int>(Storage::kFloat16);
+    default:
+      return -1;
+  }
+}
 
 // Kernel::Compute behind ComputeV2: an exception becomes an ORT_INVALID_ARGUMENT status.
 template <typename Kernel>

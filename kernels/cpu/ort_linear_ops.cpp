@@ -105,29 +105,12 @@ struct WidenKernel {
   }
 };
 
-struct WidenOp : Ort::CustomOpBase<WidenOp, Checked<WidenKernel>, true> {
-  OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
-    try {
-      *kernel = new Checked<WidenKernel>(api, info);
-      return nullptr;
-    } catch (const std::exception& error) {
-      return api.CreateStatus(ORT_INVALID_ARGUMENT, error.what());
-    }
-  }
-  const char* GetName() const { return "Widen"; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 2; }
-  ONNXTensorElementDataType GetInputType(size_t i) const {
-    // the weight's storage is checked at run time
-    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const {
-    return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  }
-};
+// the weight's storage is checked at run time
+ONNXTensorElementDataType widen_input_type(size_t i) {
+  return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
 
-const WidenOp kWiden;
+const FloatOp<Checked<WidenKernel>, 2, 1> kWiden("Widen", widen_input_type);
 
 }  // namespace
 

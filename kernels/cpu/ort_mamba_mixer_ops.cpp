@@ -31,15 +31,8 @@ ssmcc::MixerWeight mixer_weight(const Inputs& in, Ort::KernelContext& ctx, size_
                                 const char* scale_name, int64_t rows) {
   if (!quantized) return {in.data(at), nullptr, ssmcc::kFloat32Storage, 1};
   const auto value = ctx.GetInput(at);
-  const auto type = value.GetTensorTypeAndShapeInfo().GetElementType();
-  int storage;
-  if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8)
-    storage = static_cast<int>(ssmcc::Storage::kInt8);
-  else if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16)
-    storage = static_cast<int>(ssmcc::Storage::kBFloat16);
-  else if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16)
-    storage = static_cast<int>(ssmcc::Storage::kFloat16);
-  else
+  const int storage = storage_of(value.GetTensorTypeAndShapeInfo().GetElementType());
+  if (storage < 0)
     in.fail(std::string(name) + " must be int8, bfloat16 or float16 (a float32 projection goes "
             "to MambaMixer / MambaMixerStep, widened by Widen when the other one is stored small)");
   const int64_t groups = in.expect(scale_at, scale_name, {rows, kAny}, "(rows, G)")[1];
@@ -137,35 +130,15 @@ const FloatOp<Checked<MambaMixerKernel<true, false>>, 10, 3> kMambaMixerStep("Ma
 
 // The quantized forms: inputs 3 and 4 (the projection weights) of any storage, checked at run
 // time; every other input float32.
-template <bool kStep>
-struct QuantizedMixerOp : Ort::CustomOpBase<QuantizedMixerOp<kStep>,
-                                            Checked<MambaMixerKernel<kStep, true>>, true> {
-  using Kernel = Checked<MambaMixerKernel<kStep, true>>;
-  OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
-    try {
-      *kernel = new Kernel(api, info);
-      return nullptr;
-    } catch (const std::exception& error) {
-      return api.CreateStatus(ORT_INVALID_ARGUMENT, error.what());
-    }
-  }
-  const char* GetName() const {
-    return kStep ? "QuantizedMambaMixerStep" : "QuantizedMambaMixer";
-  }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 12; }
-  ONNXTensorElementDataType GetInputType(size_t i) const {
-    return i == 3 || i == 4 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED
-                            : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  }
-  size_t GetOutputTypeCount() const { return 3; }
-  ONNXTensorElementDataType GetOutputType(size_t) const {
-    return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  }
-};
+ONNXTensorElementDataType quantized_mixer_input_type(size_t i) {
+  return i == 3 || i == 4 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED
+                          : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
 
-const QuantizedMixerOp<false> kQuantizedMambaMixer;
-const QuantizedMixerOp<true> kQuantizedMambaMixerStep;
+const FloatOp<Checked<MambaMixerKernel<false, true>>, 12, 3> kQuantizedMambaMixer(
+    "QuantizedMambaMixer", quantized_mixer_input_type);
+const FloatOp<Checked<MambaMixerKernel<true, true>>, 12, 3> kQuantizedMambaMixerStep(
+    "QuantizedMambaMixerStep", quantized_mixer_input_type);
 
 }  // namespace
 

@@ -26,15 +26,8 @@ ssmcc::MixerWeight expert_weight(const Inputs& in, Ort::KernelContext& ctx, size
                                  int64_t cols, const char* op) {
   if (!quantized) return {in.data(at), nullptr, ssmcc::kFloat32Storage, 1};
   const auto value = ctx.GetInput(at);
-  const auto type = value.GetTensorTypeAndShapeInfo().GetElementType();
-  int storage;
-  if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8)
-    storage = static_cast<int>(ssmcc::Storage::kInt8);
-  else if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16)
-    storage = static_cast<int>(ssmcc::Storage::kBFloat16);
-  else if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16)
-    storage = static_cast<int>(ssmcc::Storage::kFloat16);
-  else
+  const int storage = storage_of(value.GetTensorTypeAndShapeInfo().GetElementType());
+  if (storage < 0)
     in.fail(std::string(name) + " must be int8, bfloat16 or float16 (float32 experts go to "
             "MoeExperts)");
   const int64_t groups =
@@ -99,34 +92,17 @@ struct MoeExpertsKernel {
 };
 
 template <bool kQuantized>
-struct MoeExpertsOp : Ort::CustomOpBase<MoeExpertsOp<kQuantized>,
-                                        Checked<MoeExpertsKernel<kQuantized>>, true> {
-  using Kernel = Checked<MoeExpertsKernel<kQuantized>>;
-  OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
-    try {
-      *kernel = new Kernel(api, info);
-      return nullptr;
-    } catch (const std::exception& error) {
-      return api.CreateStatus(ORT_INVALID_ARGUMENT, error.what());
-    }
-  }
-  const char* GetName() const { return MoeExpertsKernel<kQuantized>::name(); }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return kQuantized ? 7 : 5; }
-  ONNXTensorElementDataType GetInputType(size_t i) const {
-    if (i == 1) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
-    // stored experts: either storage, checked at run time
-    if (kQuantized && (i == 3 || i == 5)) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-    return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const {
-    return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  }
-};
+ONNXTensorElementDataType moe_input_type(size_t i) {
+  if (i == 1) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+  // stored experts: either storage, checked at run time
+  if (kQuantized && (i == 3 || i == 5)) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
 
-const MoeExpertsOp<false> kMoeExperts;
-const MoeExpertsOp<true> kQuantizedMoeExperts;
+const FloatOp<Checked<MoeExpertsKernel<false>>, 5, 1> kMoeExperts("MoeExperts",
+                                                                  moe_input_type<false>);
+const FloatOp<Checked<MoeExpertsKernel<true>>, 7, 1> kQuantizedMoeExperts(
+    "QuantizedMoeExperts", moe_input_type<true>);
 
 }  // namespace
 

@@ -77,32 +77,17 @@ struct LinearKernel {
   }
 };
 
+// input 1 (the weight): int8, or either 16-bit storage (checked at run time); the rest float32
 template <bool kHalf>
-struct LinearOp : Ort::CustomOpBase<LinearOp<kHalf>, Checked<LinearKernel<kHalf>>, true> {
-  OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
-    try {
-      *kernel = new Checked<LinearKernel<kHalf>>(api, info);
-      return nullptr;
-    } catch (const std::exception& error) {
-      return api.CreateStatus(ORT_INVALID_ARGUMENT, error.what());
-    }
-  }
-  const char* GetName() const { return kHalf ? "HalfLinear" : "QuantizedLinear"; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 4; }
-  ONNXTensorElementDataType GetInputType(size_t i) const {
-    if (i != 1) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-    // the 16-bit op takes either storage: the type is checked at run time
-    return kHalf ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
-  }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const {
-    return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  }
-};
+ONNXTensorElementDataType linear_input_type(size_t i) {
+  if (i != 1) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  return kHalf ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+}
 
-const LinearOp<false> kQuantizedLinear;
-const LinearOp<true> kHalfLinear;
+const FloatOp<Checked<LinearKernel<false>>, 4, 1> kQuantizedLinear("QuantizedLinear",
+                                                                   linear_input_type<false>);
+const FloatOp<Checked<LinearKernel<true>>, 4, 1> kHalfLinear("HalfLinear",
+                                                             linear_input_type<true>);
 
 }  // namespace
 

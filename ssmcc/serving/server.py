@@ -104,7 +104,6 @@ class TritonServer:
         self.ready_timeout_s = ready_timeout_s
         self.verbose = verbose
         self.process: subprocess.Popen | None = None
-        self._folder: str | None = None
         self.log_path: str | None = None
 
     @property
@@ -131,9 +130,9 @@ class TritonServer:
 
     def start(self) -> TritonServer:
         root = pytriton_root()
-        self._folder = tempfile.mkdtemp(prefix="ssmcc-tritonserver-")
-        backends = _backend_folder(root, os.path.join(self._folder, "backends"))
-        self.log_path = os.path.join(self._folder, "server.log")
+        folder = tempfile.mkdtemp(prefix="ssmcc-tritonserver-")  # backends and log
+        backends = _backend_folder(root, os.path.join(folder, "backends"))
+        self.log_path = os.path.join(folder, "server.log")
         try:
             with open(self.log_path, "wb") as log:
                 self.process = subprocess.Popen(
@@ -144,10 +143,10 @@ class TritonServer:
                     start_new_session=True,
                 )
         except OSError as error:
-            shutil.rmtree(self._folder, ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)
             raise ServingError(f"tritonserver could not be started: {error}") from error
         # a server the caller forgets (or a process that exits early) is stopped all the same
-        self._finalizer = weakref.finalize(self, _stop_process, self.process, self._folder)
+        self._finalizer = weakref.finalize(self, _stop_process, self.process, folder)
         self._wait_ready()
         return self
 
@@ -185,7 +184,6 @@ class TritonServer:
         """Terminate the server (its Python backend stubs exit with it), kill it after 30 s."""
         if self.process is not None:
             self._finalizer()
-        self._folder = None
 
     def __enter__(self) -> TritonServer:
         return self.start()

@@ -49,11 +49,11 @@ class _Batch:
     """States returned for a batch of sequences; each sequence refers to its row (freed when no
     sequence refers to it any more)."""
 
-    def __init__(self, state, size: int):
-        self.state, self.size = state, size
+    def __init__(self, state):
+        self.state = state
 
     def __len__(self) -> int:
-        return self.size
+        return self.state.batch
 
     def row(self, row: int):
         return type(self.state)({n: t[row : row + 1] for n, t in self.state.items()})
@@ -152,7 +152,7 @@ class TritonPythonModel:
             logits, state = self.model.step(ids[:, 0], stacked)
         else:
             logits, state = self.model.prefill(ids, stacked, last_only=True)
-        batch = _Batch(state, len(group))
+        batch = _Batch(state)
         for row, (i, _, corrid, _) in enumerate(group):
             self.states[corrid] = (batch, row)
             responses[i] = self._response(requests[i], logits[row])
