@@ -12,8 +12,10 @@ loop on each target and ``quantize=``), and the report gives per contender the m
 rounds and, per round, the ratio to llama.cpp at the matching precision measured seconds
 apart: float32 -> F32, bf16 / fp16 -> F16, int8 -> Q8_0. Ratios are the figures to quote.
 
-ssmcc decode time per token: ``generate(prompt, N)`` minus ``generate(prompt, 1)``, over N - 1
-tokens (the harness's decode suite does the same); llama.cpp: ``llama-bench -p 0 -n N -d P``.
+ssmcc decode time per token: between the first and the last of N new tokens of
+``generate(prompt, N)``, read by a streamer clock (``stats.TokenClock``, as the harness's decode
+suite does), so the prompt's time, which at a long prompt varies by more than the whole decode,
+is never subtracted; llama.cpp: ``llama-bench -p 0 -n N -d P``.
 Writes ``decode_interleaved.json`` to ``--out`` (default ``benchmarks/results/<time>/``).
 """
 
@@ -73,24 +75,13 @@ def _ssmcc_contenders(model, targets, schemes, threads):
     return contenders
 
 
-def _prompt_seconds(generate_one) -> float:
-    """The prompt's time (``generate(prompt, 1)``): the fastest of 3, so that a one-off stall
-    (a page fault storm, another process) is not subtracted from the decode time."""
-    times = []
-    for _ in range(3):
-        started = time.perf_counter()
-        generate_one()
-        times.append(time.perf_counter() - started)
-    return min(times)
-
-
 def _ssmcc_ms_per_token(compiled, prompt, new_tokens) -> float:
+    from benchmarks.stats import TokenClock
+
     compiled.generate(prompt, 2)  # warm (sessions, kernels)
-    first = _prompt_seconds(lambda: compiled.generate(prompt, 1))
-    started = time.perf_counter()
-    compiled.generate(prompt, new_tokens)
-    total = time.perf_counter() - started
-    return (total - first) / (new_tokens - 1) * 1e3
+    clock = TokenClock()
+    compiled.generate(prompt, new_tokens, streamer=clock)
+    return clock.seconds_per_token(new_tokens) * 1e3
 
 
 def main(argv=None) -> int:

@@ -22,7 +22,7 @@ def _close(got, expected):
     assert (got - expected).abs().max() <= 1e-5 * scale * expected.shape[-1] ** 0.5
 
 
-@pytest.mark.parametrize("rows", [1, 3, GEMV_MAX_ROWS])
+@pytest.mark.parametrize("rows", [1, 3, 4, GEMV_MAX_ROWS])  # 3-row tiles, with 1 or 2 left over
 @pytest.mark.parametrize("out_features,in_features", [(1, 1), (7, 5), (50, 19), (9, 64), (33, 768)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_gemv_kernel_matches_aten(rows, out_features, in_features, with_bias):

@@ -210,8 +210,11 @@ def test_a_weight_read_by_anything_but_products_is_left_as_it_is():
     assert [n.op_type for n in model.graph.node] == ["MatMul", "Identity"]
 
 
-@pytest.mark.parametrize("rows", [1, 9, 300])  # the rewrite uses the node for few; any are right
-@pytest.mark.parametrize("out_features", [3, 37, 130])  # under a block, a partial block, several
+# rows: one (16-row tiles), and the 3-row tiles with none, one or two rows left over; the
+# rewrite uses the node for few rows, but any count is right
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 9, 300])
+# out_features: under a tile, partial tiles (21 = 16 + 4 + 1, 37 = 2 x 16 + 4 + 1), several
+@pytest.mark.parametrize("out_features", [3, 21, 37, 130])
 def test_ort_library_linear_node_matches_numpy_at_any_rows(rows, out_features):
     library = _library()
     rng = np.random.default_rng(rows + out_features)
@@ -219,11 +222,11 @@ def test_ort_library_linear_node_matches_numpy_at_any_rows(rows, out_features):
     w = rng.standard_normal((out_features, k)).astype(np.float32)
     model = _model(
         [helper.make_node("Linear", ["x", "w"], ["y"], domain=DOMAIN)],
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, rows, k])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows, k])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(w, "w")],
     )
-    x = rng.standard_normal((2, rows, k)).astype(np.float32)
+    x = rng.standard_normal((1, rows, k)).astype(np.float32)
     (y,) = _run(model, {"x": x}, library)
     np.testing.assert_allclose(y, x @ w.T, **TOLERANCE)
 

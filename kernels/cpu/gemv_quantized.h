@@ -24,6 +24,12 @@ enum class Storage : int { kInt8 = 0, kBFloat16 = 1, kFloat16 = 2 };
 constexpr int kQuantizedBlock = 8;         // output rows a task of the ORT op splits by
 constexpr int64_t kQuantizedUnroll = 4;     // accumulators along a row
 constexpr int64_t kQuantizedPrefetch = 2048;  // bytes ahead of the read
+constexpr int64_t kPrefetchLine = 64;         // bytes a prefetch brings
+
+template <typename T>
+inline void prefetch(const T* p) {
+  __builtin_prefetch(static_cast<const void*>(p), 0, 3);
+}
 
 template <typename W>
 struct QuantizedGemvArgs {

@@ -47,7 +47,7 @@ struct LinearKernel {
                                y.GetTensorMutableData<float>(), rows, n, k};
     const int64_t blocks = (n + ssmcc::kGemvBlock - 1) / ssmcc::kGemvBlock;
     // tasks of 128 weight rows: enough per task to amortise the pool, many tasks per thread
-    parallel_rows<ssmcc::GemvArgs, block_rows>(raw, args, blocks, 32);
+    parallel_rows<ssmcc::GemvArgs, block_rows>(raw, args, blocks, 128 / ssmcc::kGemvBlock);
   }
 };
 
