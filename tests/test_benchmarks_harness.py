@@ -208,3 +208,37 @@ def test_serving_suite_reports_both_ways_with_the_same_tokens(tmp_path):
     result = json.loads((tmp_path / "serving.json").read_text())
     assert result["same_tokens"] and result["server_inferences"] == 2 * 3 * 4 + 4
     assert result["one_at_a_time"]["tokens_per_s"] > 0 and result["concurrent"]["tokens_per_s"] > 0
+
+
+def test_gemv_benchmark_streams_every_linear_weight_once(tmp_path):
+    """The graph holds one Linear node per distinct weight (a tied head once) and computes
+    x W^T for each; the report has every row count."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    from benchmarks.gemv import linear_graph, linear_weights, main
+    from ssmcc.lowering.onnx.runtime import custom_op_library
+    from ssmcc.presets import build_preset
+
+    model = build_preset("granite-hybrid-tiny", seed=0)
+    weights = linear_weights(model)
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(weights) == len(linears) - (1 if tied else 0)
+    graph, widths = linear_graph(weights)
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(custom_op_library("auto"))
+    session = ort.InferenceSession(graph.SerializeToString(), options, ["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feed = {f"x_{k}": rng.standard_normal((3, k)).astype(np.float32) for k in widths}
+    for w, y in zip(weights, session.run(None, feed), strict=True):
+        np.testing.assert_allclose(y, feed[f"x_{w.shape[1]}"] @ w.T, rtol=1e-5, atol=1e-5)
+
+    assert (
+        main(["--model", "mamba-tiny", "--rounds", "1", "--rows", "1,3", "--out", str(tmp_path)])
+        == 0
+    )
+    result = json.loads((tmp_path / "gemv.json").read_text())
+    assert set(result["summary"]) == {"rows_1", "rows_3"}
+    assert all(row["GBps"] > 0 for row in result["summary"].values())
