@@ -17,15 +17,13 @@ Writes ``gemv.json`` to ``--out`` (default ``benchmarks/results/<time>/``).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
-import time
 
 import numpy as np
 import torch
 
+from benchmarks.report import write_json
 from benchmarks.stats import summarize, time_calls
 
 
@@ -143,12 +141,7 @@ def main(argv=None) -> int:
         "summary": summary,
         "rounds": rounds,
     }
-    out = args.out or os.path.join(
-        os.path.dirname(__file__), "results", time.strftime("%Y%m%d-%H%M%S")
-    )
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "gemv.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_json(result, args.out, "gemv.json")
     print(f"{args.model}, {args.threads} threads, {result['cpu']}, median of {args.rounds} rounds")
     print(f"  read probe (torch.sum)  {result['probe_GBps']:.1f} GB/s")
     for rows in row_counts:

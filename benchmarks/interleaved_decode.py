@@ -22,13 +22,12 @@ Writes ``decode_interleaved.json`` to ``--out`` (default ``benchmarks/results/<t
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
-import time
 
 import torch
+
+from benchmarks.report import write_json
 
 LLAMA_FOR = {"none": "f32", "bf16": "f16", "fp16": "f16", "int8": "q8_0"}
 
@@ -133,12 +132,7 @@ def main(argv=None) -> int:
         "rounds": rounds,
         "summary": summary,
     }
-    out = args.out or os.path.join(
-        os.path.dirname(__file__), "results", time.strftime("%Y%m%d-%H%M%S")
-    )
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "decode_interleaved.json"), "w") as f:
-        json.dump(result, f, indent=2)
+    write_json(result, args.out, "decode_interleaved.json")
     print(f"{args.model}, {args.threads} threads, {result['cpu']}, median of {args.rounds} rounds")
     for name, row in summary.items():
         ratio = ""

@@ -1,11 +1,23 @@
-"""Turn benchmark rows into ratios, a text table and PNG plots."""
+"""Turn benchmark rows into ratios, a text table and PNG plots; write a result's JSON."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 
 BASELINE = "hf-eager"
 MATMULS = "matmuls-only"
+
+
+def write_json(result: dict, out: str | None, name: str) -> str:
+    """``result`` as ``out/name`` (``out`` default: ``benchmarks/results/<time>/``); the path."""
+    out = out or os.path.join(os.path.dirname(__file__), "results", time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, name)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    return path
 
 
 def _fmt(summary: dict | None, digits: int = 1) -> str:

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import os
 import sys
 import tempfile
 import time
 
 import torch
+
+from benchmarks.report import write_json
 
 
 def _parse(argv):
@@ -102,10 +103,7 @@ def main(argv=None) -> int:
         "server_inferences": int(counts["inference_count"]),
         "server_executions": int(counts["execution_count"]),
     }
-    out = args.out or os.path.join("benchmarks", "results", time.strftime("%Y%m%d-%H%M%S"))
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "serving.json"), "w") as f:
-        json.dump(result, f, indent=2)
+    write_json(result, args.out, "serving.json")
     print(
         f"{args.model} ({args.target} target), {args.sequences} sequences x "
         f"{args.new_tokens} tokens after {args.prompt_length}-token prompts, {result['cpu']}"
