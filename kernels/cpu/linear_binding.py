@@ -13,7 +13,14 @@ import torch
 
 from ssmcc.kernels.cpu.native import as_f32, call_kernel, pointer
 
-GEMV_MAX_ROWS = 8  # up to this many rows of x, each weight row block stays in L1 for all of them
+# Up to this many rows of x the GEMV kernel (8 weight rows x 3 rows of x per tile) beats a GEMM:
+# on AMD EPYC Zen 4, 2 threads, mamba2-130m's decode weights, 16 rows took 17.3 ms against oneDNN's
+# 19.7 (equal at 32), and in ONNX Runtime (weights unpacked, as ssmcc's sessions run) 17.8 ms
+# against MatMul's 24.6.
+GEMV_MAX_ROWS = 16
+# The products whose few-row kernels were measured only up to 8 rows: int8/16-bit weights
+# (gemv_quantized.h: rows of x one by one or in fours) and a MoE layer's experts node.
+SMALL_KERNEL_MAX_ROWS = 8
 
 
 def linear_cpu(x, weight, bias=None):

@@ -36,7 +36,7 @@ import onnxscript
 from onnx import TensorProto, helper
 from onnx.defs import OpSchema
 
-from ssmcc.kernels.cpu.linear_binding import GEMV_MAX_ROWS
+from ssmcc.kernels.cpu.linear_binding import SMALL_KERNEL_MAX_ROWS
 from ssmcc.lowering.onnx.functions import _Body, _dim
 from ssmcc.lowering.onnx.functions_ssd import _int_attr_1d
 from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
@@ -88,10 +88,10 @@ SCHEMAS = [_schema("MoeExperts", False), _schema("QuantizedMoeExperts", True)]
 
 def few_tokens(tokens, batch) -> bool:
     """Whether a MoE layer's token count (dim 0 of its hidden rows, an int or a symbolic size) is
-    known to be few: a static size of at most ``GEMV_MAX_ROWS``, or the program's batch size
+    known to be few: a static size of at most ``SMALL_KERNEL_MAX_ROWS``, or the program's batch size
     itself (one token per sequence: a decode step)."""
     if isinstance(tokens, int):
-        return tokens <= GEMV_MAX_ROWS
+        return tokens <= SMALL_KERNEL_MAX_ROWS
     return batch is not None and str(tokens) == str(batch)
 
 

@@ -38,7 +38,7 @@ from onnx import TensorProto, helper
 from onnx.defs import OpSchema
 from onnxscript import opset18 as op
 
-from ssmcc.kernels.cpu.linear_binding import GEMV_MAX_ROWS
+from ssmcc.kernels.cpu.linear_binding import SMALL_KERNEL_MAX_ROWS
 from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
 
 SSMCC = onnxscript.values.Opset(DOMAIN, VERSION)
@@ -95,7 +95,7 @@ SCHEMAS = [
 
 def _few_rows(x) -> bool:
     """Whether x's rows are known to be few: every axis between the first (batch) and the last
-    (features) is a static size, their product at most ``GEMV_MAX_ROWS``."""
+    (features) is a static size, their product at most ``SMALL_KERNEL_MAX_ROWS``."""
     shape = getattr(x, "shape", None)
     if shape is None or len(shape) < 2:
         return False
@@ -104,7 +104,7 @@ def _few_rows(x) -> bool:
         if not isinstance(dim, int):
             return False
         rows *= dim
-    return rows <= GEMV_MAX_ROWS
+    return rows <= SMALL_KERNEL_MAX_ROWS
 
 
 def _is_int8(weight) -> bool:
