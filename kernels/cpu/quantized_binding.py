@@ -1,17 +1,18 @@
 """The quantised-weight kernels (``gemv_quantized.h``) as ``quantized_linear(x, weight, scale,
 bias)`` (math: ``ssmcc/ops/quantized_linear.py``).
 
-With at most ``GEMV_MAX_ROWS`` rows of x (decode: one token per sequence) the product reads the
-small weights and widens them in registers; with more rows (prefill) the weight is widened to
-float32 once per call (``dequantize_cpu``, a pass over N x K that is ~1/(2 rows) of the product's
-arithmetic) and multiplied by ``linear_binding.dense_linear`` (oneDNN where PyTorch has it).
+With at most ``SMALL_KERNEL_MAX_ROWS`` rows of x (decode: one token per sequence) the product
+reads the small weights and widens them in registers; with more rows (prefill) the weight is
+widened to float32 once per call (``dequantize_cpu``, a pass over N x K that is ~1/(2 rows) of the
+product's arithmetic) and multiplied by ``linear_binding.dense_linear`` (oneDNN where PyTorch has
+it).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ssmcc.kernels.cpu.linear_binding import GEMV_MAX_ROWS, dense_linear
+from ssmcc.kernels.cpu.linear_binding import SMALL_KERNEL_MAX_ROWS, dense_linear
 from ssmcc.kernels.cpu.native import as_f32, call_kernel, pointer
 from ssmcc.ops.quantized_linear import check_quantized_linear_args
 
@@ -40,7 +41,7 @@ def dequantize_cpu(weight, scale):
 def _quantized_linear(x, weight, scale, bias=None):
     in_features = x.shape[-1]
     rows = x.numel() // in_features if in_features else 0
-    if rows > GEMV_MAX_ROWS:
+    if rows > SMALL_KERNEL_MAX_ROWS:
         y = dense_linear(as_f32(x), dequantize_cpu(weight, scale), as_f32(bias))
         return y.to(x.dtype)
     xf, scale, bias = as_f32(x), as_f32(scale), as_f32(bias)
