@@ -39,6 +39,10 @@ _SIGNATURES = {
     "ssmcc_mamba_mixer_f32": [_P] * 13 + [_I64] * 9 + [_I32] * 3 + [_F32] + _WEIGHTS + [_I32],
     "ssmcc_mamba_mixer_step_f32": [_P] * 13 + [_I64] * 8 + [_I32] * 3 + [_F32] + _WEIGHTS + [_I32],
     "ssmcc_add_f32": [_P] * 3 + [_I64],
+    "ssmcc_moe_experts": [_P] * 4
+    + [_I32, _P, _I64, _P, _I32, _P, _I64, _P]
+    + [_I64] * 5
+    + [_I32] * 3,
 }
 # What each parameter of an entry is: "p" a pointer, "i" an integer, "f" a float32.
 KINDS = {

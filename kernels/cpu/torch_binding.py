@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ssmcc.kernels.cpu.mixer_binding import MIXER_KERNELS, MIXER_VERIFIED_KERNELS
+from ssmcc.kernels.cpu.moe_binding import MOE_KERNELS, MOE_VERIFIED_KERNELS
 from ssmcc.kernels.cpu.native import as_f32, available, call_kernel, library, pointer  # noqa: F401
 from ssmcc.kernels.cpu.quantized_binding import QUANTIZED_KERNELS, QUANTIZED_VERIFIED_KERNELS
 from ssmcc.kernels.cpu.ssd_binding import SSD_KERNELS, SSD_VERIFIED_KERNELS
@@ -147,6 +148,7 @@ KERNELS = {
     **SSD_KERNELS,
     **MIXER_KERNELS,
     **QUANTIZED_KERNELS,
+    **MOE_KERNELS,
 }
 # For programs whose shapes the IR verifier already checked against the ops' fake
 # implementations (the torch lowering): no per-call Python shape checks.
@@ -158,4 +160,5 @@ VERIFIED_PROGRAM_KERNELS = {
     **SSD_VERIFIED_KERNELS,
     **MIXER_VERIFIED_KERNELS,
     **QUANTIZED_VERIFIED_KERNELS,
+    **MOE_VERIFIED_KERNELS,
 }

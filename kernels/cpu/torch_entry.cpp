@@ -13,6 +13,7 @@
 #include "gemv.h"
 #include "gemv_quantized.h"
 #include "mamba_mixer.h"
+#include "moe_experts.h"
 #include "ssd_chunked.h"
 #include "ssd_kernels.h"
 #include "ssd_mixer.h"
@@ -487,4 +488,42 @@ SSMCC_EXPORT int ssmcc_mamba_mixer_step_f32(
                            dt_bias, conv_state, ssm_state, y, conv_state_out, ssm_state_out,
                            batch, 1, width, x_offset, z_offset, channels, kernel, rank, dstate,
                            silu, softplus, rms, rms_eps, threads);
+}
+
+// moe_experts for a few tokens (moe_experts.h): only the chosen experts' weights are read, once
+// each. up / down: float32 (storage -1, scale null) or stored small, as a mixer's weights.
+SSMCC_EXPORT int ssmcc_moe_experts(const float* hidden, const int64_t* index, const float* weights,
+                                   const void* up, int32_t up_storage, const float* up_scale,
+                                   int64_t up_groups, const void* down, int32_t down_storage,
+                                   const float* down_scale, int64_t down_groups, float* out,
+                                   int64_t tokens, int64_t k, int64_t experts, int64_t d,
+                                   int64_t width, int32_t gated, int32_t activation,
+                                   int32_t threads) {
+  const ssmcc::MixerWeight up_w{up, up_scale, up_storage, up_groups};
+  const ssmcc::MixerWeight down_w{down, down_scale, down_storage, down_groups};
+  const int32_t last_activation = static_cast<int32_t>(ssmcc::ExpertActivation::kRelu2);
+  const auto contract = ssmcc::first_error(
+      {ssmcc::check_nonnegative("moe_experts", "tokens", tokens),
+       ssmcc::check_nonnegative("moe_experts", "k", k),
+       ssmcc::check_nonnegative("moe_experts", "experts", experts),
+       ssmcc::check_nonnegative("moe_experts", "d", d),
+       ssmcc::check_nonnegative("moe_experts", "width", width),
+       activation < 0 || activation > last_activation
+           ? "moe_experts: activation must be 0 (silu) .. 4 (relu2), got " +
+                 std::to_string(activation)
+           : "",
+       ssmcc::check_mixer_weight("moe_experts", "up", up_w, d),
+       ssmcc::check_mixer_weight("moe_experts", "down", down_w, width)});
+  return guarded(contract, [&] {
+    const ssmcc::MoeArgs args{hidden, index, weights, up_w,  down_w, out,        tokens,
+                              k,      experts, d,     width, gated != 0, activation};
+    ssmcc::MoePlan plan(args);
+    const ssmcc::MoePhase up_phase = ssmcc::moe_up_phase(args, plan);
+    parallel_rows(ssmcc::moe_tasks(up_phase), up_phase.block * d * (gated ? 2 : 1), threads,
+                  [&](int64_t b, int64_t e) { ssmcc::moe_up_tasks(up_phase, b, e); });
+    const ssmcc::MoePhase down_phase = ssmcc::moe_down_phase(args, plan);
+    parallel_rows(ssmcc::moe_tasks(down_phase), down_phase.block * width, threads,
+                  [&](int64_t b, int64_t e) { ssmcc::moe_down_tasks(down_phase, b, e); });
+    ssmcc::moe_combine(args, plan);
+  });
 }

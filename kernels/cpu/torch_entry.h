@@ -95,6 +95,15 @@ SSMCC_EXPORT int ssmcc_dequantize(const void* weight, int32_t storage, const flo
                                   float* out, int64_t out_features, int64_t in_features,
                                   int64_t groups, int32_t threads);
 
+// The experts of a MoE layer for a few tokens; up / down as a mixer's weights (mixer_weight.h).
+SSMCC_EXPORT int ssmcc_moe_experts(const float* hidden, const int64_t* index, const float* weights,
+                                   const void* up, int32_t up_storage, const float* up_scale,
+                                   int64_t up_groups, const void* down, int32_t down_storage,
+                                   const float* down_scale, int64_t down_groups, float* out,
+                                   int64_t tokens, int64_t k, int64_t experts, int64_t d,
+                                   int64_t width, int32_t gated, int32_t activation,
+                                   int32_t threads);
+
 // x_proj / dt_proj: float32 (storage -1, scale null) or stored small (mixer_weight.h).
 SSMCC_EXPORT int ssmcc_mamba_mixer_f32(
     const float* proj, const float* conv_weight, const float* conv_bias, const void* x_proj,

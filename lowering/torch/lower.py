@@ -31,9 +31,10 @@ from ssmcc.lowering.torch.skip_weights import bind_per_channel_skips
 from ssmcc.ops import SSMCC_REFERENCES, is_ssmcc_op
 
 # Ops whose PyTorch implementation is already what a kernel would do (ATen matmuls and a
-# softmax for attention, an arange for positions, per-expert matmuls over the tokens that chose
-# each expert, a gather and a multiply for a quantised embedding): no C++ kernel of their own.
-ATEN_ONLY = ("attention", "positions", "moe_experts", "quantized_embedding")
+# softmax for attention, an arange for positions, a gather and a multiply for a quantised
+# embedding): no C++ kernel of their own. moe_experts has one for few tokens (decode: only the
+# chosen experts' weights read, once each) and keeps per-expert ATen matmuls for many.
+ATEN_ONLY = ("attention", "positions", "quantized_embedding")
 
 
 def _emit(name: str, kernels: str):
@@ -49,6 +50,11 @@ def _emit(name: str, kernels: str):
 def _kernel_description(name: str) -> str:
     if name in ATEN_ONLY:
         return "the op's PyTorch implementation (ATen)"
+    if name == "moe_experts":
+        return (
+            "C++ (kernels/cpu) for few tokens when a compiler is found, per-expert ATen matmuls "
+            "for many"
+        )
     return "C++ (kernels/cpu, OpenMP) when a compiler is found, else the PyTorch reference"
 
 

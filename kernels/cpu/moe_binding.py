@@ -1,0 +1,99 @@
+"""The experts kernel of a mixture-of-experts layer (``moe_experts.h``) with the signature of
+``ssmcc.ops.moe_experts`` (math there).
+
+With at most ``SMALL_KERNEL_MAX_ROWS`` tokens (a decode step: one per sequence) the kernel groups
+the (token, slot) pairs by expert and reads only the chosen experts' weights, once each, float32
+or stored small; with more tokens (prefill) the op's reference runs (per used expert, two GEMMs
+over the tokens that chose it), which is the faster way to read a weight for many rows. The
+checked entry point applies the op's shape rules first, the ``_verified`` form (the torch
+lowering's) skips them; the C++ contract check runs either way.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ssmcc.kernels.cpu.linear_binding import SMALL_KERNEL_MAX_ROWS
+from ssmcc.kernels.cpu.native import as_f32, call_kernel, pointer
+from ssmcc.kernels.cpu.quantized_binding import STORAGE
+from ssmcc.ops.moe_experts import ACTIVATIONS, check_moe_experts_args, moe_experts_ref
+
+FLOAT32_STORAGE = -1  # mixer_weight.h's kFloat32Storage
+
+
+def _expert_weight(weight, scale):
+    """(tensor, storage, scale or None, groups) as the kernel reads an (E, rows, cols) weight."""
+    if scale is None:
+        return as_f32(weight), FLOAT32_STORAGE, None, 1
+    return weight.contiguous(), STORAGE[weight.dtype], as_f32(scale), scale.shape[2]
+
+
+def _moe_experts(
+    hidden,
+    top_k_index,
+    top_k_weights,
+    up,
+    down,
+    activation="silu",
+    gated=True,
+    up_scale=None,
+    down_scale=None,
+):
+    tokens, dim = hidden.shape
+    if tokens > SMALL_KERNEL_MAX_ROWS:
+        return moe_experts_ref(
+            hidden, top_k_index, top_k_weights, up, down, activation, gated, up_scale, down_scale
+        )
+    x, weights = as_f32(hidden), as_f32(top_k_weights)
+    index = top_k_index.to(torch.int64).contiguous()
+    up, up_storage, up_scale, up_groups = _expert_weight(up, up_scale)
+    down, down_storage, down_scale, down_groups = _expert_weight(down, down_scale)
+    out = torch.empty(tokens, dim, dtype=torch.float32)
+    call_kernel(
+        "ssmcc_moe_experts",
+        x.data_ptr(),
+        index.data_ptr(),
+        weights.data_ptr(),
+        up.data_ptr(),
+        up_storage,
+        pointer(up_scale),
+        up_groups,
+        down.data_ptr(),
+        down_storage,
+        pointer(down_scale),
+        down_groups,
+        out.data_ptr(),
+        tokens,
+        index.shape[1],
+        down.shape[0],
+        dim,
+        down.shape[2],
+        int(gated),
+        ACTIVATIONS.index(activation),
+        torch.get_num_threads(),
+    )
+    return out.to(hidden.dtype)
+
+
+def moe_experts_cpu(
+    hidden,
+    top_k_index,
+    top_k_weights,
+    up,
+    down,
+    activation="silu",
+    gated=True,
+    up_scale=None,
+    down_scale=None,
+):
+    """Checked entry point: the op's shape rules, then the kernel."""
+    check_moe_experts_args(
+        hidden, top_k_index, top_k_weights, up, down, activation, gated, up_scale, down_scale
+    )
+    return _moe_experts(
+        hidden, top_k_index, top_k_weights, up, down, activation, gated, up_scale, down_scale
+    )
+
+
+MOE_KERNELS = {"moe_experts": moe_experts_cpu}
+MOE_VERIFIED_KERNELS = {"moe_experts": _moe_experts}
