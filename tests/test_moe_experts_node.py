@@ -56,6 +56,14 @@ def _oracle(hidden, index, weights, up, down, activation, gated):
     return out
 
 
+def stored(experts: torch.Tensor, scheme: str):
+    """(E, rows, cols) experts quantised per expert: (stored, scale, the dequantised float32)."""
+    pairs = [quantize_weight(w, scheme) for w in experts]
+    weight, scale = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+    dense = torch.stack([dequantize_weight(w, s) for w, s in zip(weight, scale, strict=True)])
+    return weight, scale, dense
+
+
 def _initializer(stored: torch.Tensor, name: str) -> onnx.TensorProto:
     if stored.dtype == torch.bfloat16:  # numpy has no bfloat16: its bits, retyped
         tensor = numpy_helper.from_array(stored.view(torch.int16).numpy(), name)
@@ -163,16 +171,9 @@ def test_indices_outside_the_experts_add_nothing(with_library):
 def test_stored_experts_match_the_loop_on_the_dequantised_weights(scheme, with_library):
     library = _library() if with_library else None
     hidden, index, weights, up, down = _inputs(3, 4, 2, 64, 32, True, seed=7)
-
-    def store(weights):
-        pairs = [quantize_weight(w, scheme) for w in weights]
-        return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
-
-    (up_q, up_s), (down_q, down_s) = store(up), store(down)
+    (up_q, up_s, dense_up), (down_q, down_s, dense_down) = stored(up, scheme), stored(down, scheme)
     model = _model("silu", True, up_q, down_q, up_s, down_s)
     out = _run(model, hidden, index, weights, library)
-    dense_up = torch.stack([dequantize_weight(w, s) for w, s in zip(up_q, up_s, strict=True)])
-    dense_down = torch.stack([dequantize_weight(w, s) for w, s in zip(down_q, down_s, strict=True)])
     expected = _oracle(hidden, index, weights, dense_up, dense_down, "silu", True)
     torch.testing.assert_close(out.double(), expected, **TOLERANCE)
     reference = moe_experts_ref(hidden, index, weights, up_q, down_q, "silu", True, up_s, down_s)

@@ -13,9 +13,8 @@ from ssmcc.kernels.cpu import native, registration
 from ssmcc.kernels.cpu.linear_binding import SMALL_KERNEL_MAX_ROWS
 from ssmcc.kernels.cpu.moe_binding import moe_experts_cpu
 from ssmcc.ops.moe_experts import ACTIVATIONS, moe_experts_ref
-from ssmcc.ops.quantized_linear import dequantize_weight, quantize_weight
 from ssmcc.presets import build_preset
-from tests.test_moe_experts_node import TOLERANCE, _oracle
+from tests.test_moe_experts_node import TOLERANCE, _oracle, stored
 from tests.test_ops_hybrid import _moe_inputs as _inputs
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the C++ kernels do not build here")
@@ -55,14 +54,8 @@ def test_indices_outside_the_experts_add_nothing():
 def test_stored_experts_match_the_loop_on_the_dequantised_weights(scheme):
     hidden, index, weights, up, down = _inputs(3, 4, 2, 64, 32, True, seed=7)
 
-    def store(weights):
-        pairs = [quantize_weight(w, scheme) for w in weights]
-        return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
-
-    (up_q, up_s), (down_q, down_s) = store(up), store(down)
+    (up_q, up_s, dense_up), (down_q, down_s, dense_down) = stored(up, scheme), stored(down, scheme)
     out = moe_experts_cpu(hidden, index, weights, up_q, down_q, "silu", True, up_s, down_s)
-    dense_up = torch.stack([dequantize_weight(w, s) for w, s in zip(up_q, up_s, strict=True)])
-    dense_down = torch.stack([dequantize_weight(w, s) for w, s in zip(down_q, down_s, strict=True)])
     expected = _oracle(hidden, index, weights, dense_up, dense_down, "silu", True)
     torch.testing.assert_close(out.double(), expected, **TOLERANCE)
     reference = moe_experts_ref(hidden, index, weights, up_q, down_q, "silu", True, up_s, down_s)

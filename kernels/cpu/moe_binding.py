@@ -11,6 +11,8 @@ lowering's) skips them; the C++ contract check runs either way.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from ssmcc.kernels.cpu.linear_binding import SMALL_KERNEL_MAX_ROWS
@@ -75,24 +77,16 @@ def _moe_experts(
     return out.to(hidden.dtype)
 
 
-def moe_experts_cpu(
-    hidden,
-    top_k_index,
-    top_k_weights,
-    up,
-    down,
-    activation="silu",
-    gated=True,
-    up_scale=None,
-    down_scale=None,
-):
-    """Checked entry point: the op's shape rules, then the kernel."""
-    check_moe_experts_args(
-        hidden, top_k_index, top_k_weights, up, down, activation, gated, up_scale, down_scale
-    )
-    return _moe_experts(
-        hidden, top_k_index, top_k_weights, up, down, activation, gated, up_scale, down_scale
-    )
+_SIGNATURE = inspect.signature(_moe_experts)
+
+
+def moe_experts_cpu(*args, **kwargs):
+    """Checked entry point: the op's shape rules, then the kernel (arguments as the op takes
+    them)."""
+    bound = _SIGNATURE.bind(*args, **kwargs)
+    bound.apply_defaults()
+    check_moe_experts_args(*bound.args)
+    return _moe_experts(*bound.args)
 
 
 MOE_KERNELS = {"moe_experts": moe_experts_cpu}
