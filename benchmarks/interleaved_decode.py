@@ -28,6 +28,7 @@ import sys
 import torch
 
 from benchmarks.report import write_json
+from benchmarks.stats import TokenClock
 
 LLAMA_FOR = {"none": "f32", "bf16": "f16", "fp16": "f16", "int8": "q8_0"}
 
@@ -75,8 +76,6 @@ def _ssmcc_contenders(model, targets, schemes, threads):
 
 
 def _ssmcc_ms_per_token(compiled, prompt, new_tokens) -> float:
-    from benchmarks.stats import TokenClock
-
     compiled.generate(prompt, 2)  # warm (sessions, kernels)
     clock = TokenClock()
     compiled.generate(prompt, new_tokens, streamer=clock)

@@ -16,7 +16,7 @@ import math
 import torch
 
 from ssmcc.kernels.cpu.native import as_f32, call_kernel, pointer
-from ssmcc.kernels.cpu.quantized_binding import STORAGE
+from ssmcc.kernels.cpu.quantized_binding import mixer_weight_args
 from ssmcc.kernels.cpu.ssd_binding import _per_channel_D
 from ssmcc.ops._shapes import uses_silu
 from ssmcc.ops.mamba_mixer import check_mamba_mixer_args, mamba_mixer_sizes
@@ -332,8 +332,8 @@ def _run_mamba(
     y = torch.empty(*zx.shape[:-1], d, dtype=torch.float32)
     conv_out = torch.empty(batch, d, s["width"] - 1, dtype=torch.float32)
     ssm_out = torch.empty(batch, d, s["state"], dtype=torch.float32)
-    x_proj = _projection_weight(x_proj_weight, x_proj_scale)
-    dt_proj = _projection_weight(dt_proj_weight, dt_proj_scale)
+    x_proj = mixer_weight_args(x_proj_weight, x_proj_scale)
+    dt_proj = mixer_weight_args(dt_proj_weight, dt_proj_scale)
     inputs = [as_f32(t) for t in (zx, conv_weight, conv_bias)]  # held until the call returns
     inputs += [x_proj[0], dt_proj[0]]
     inputs += [as_f32(t) for t in (A, D, dt_bias, conv_state, ssm_state)]
@@ -363,14 +363,6 @@ def _run_mamba(
         torch.get_num_threads(),
     )
     return y.to(zx.dtype), conv_out, ssm_out
-
-
-def _projection_weight(weight, scale) -> tuple:
-    """(weight, scale, storage code, groups) as ``mixer_weight.h`` reads them: a float weight
-    without a scale as float32 (code -1), a stored one as it is (``STORAGE``)."""
-    if scale is None:
-        return as_f32(weight), None, -1, 1
-    return weight.contiguous(), as_f32(scale), STORAGE[weight.dtype], scale.shape[1]
 
 
 def _mamba_mixer(

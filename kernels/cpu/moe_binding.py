@@ -17,17 +17,8 @@ import torch
 
 from ssmcc.kernels.cpu.linear_binding import SMALL_KERNEL_MAX_ROWS
 from ssmcc.kernels.cpu.native import as_f32, call_kernel, pointer
-from ssmcc.kernels.cpu.quantized_binding import STORAGE
+from ssmcc.kernels.cpu.quantized_binding import mixer_weight_args
 from ssmcc.ops.moe_experts import ACTIVATIONS, check_moe_experts_args, moe_experts_ref
-
-FLOAT32_STORAGE = -1  # mixer_weight.h's kFloat32Storage
-
-
-def _expert_weight(weight, scale):
-    """(tensor, storage, scale or None, groups) as the kernel reads an (E, rows, cols) weight."""
-    if scale is None:
-        return as_f32(weight), FLOAT32_STORAGE, None, 1
-    return weight.contiguous(), STORAGE[weight.dtype], as_f32(scale), scale.shape[2]
 
 
 def _moe_experts(
@@ -48,8 +39,8 @@ def _moe_experts(
         )
     x, weights = as_f32(hidden), as_f32(top_k_weights)
     index = top_k_index.to(torch.int64).contiguous()
-    up, up_storage, up_scale, up_groups = _expert_weight(up, up_scale)
-    down, down_storage, down_scale, down_groups = _expert_weight(down, down_scale)
+    up, up_scale, up_storage, up_groups = mixer_weight_args(up, up_scale)
+    down, down_scale, down_storage, down_groups = mixer_weight_args(down, down_scale)
     out = torch.empty(tokens, dim, dtype=torch.float32)
     call_kernel(
         "ssmcc_moe_experts",

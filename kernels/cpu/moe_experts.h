@@ -27,6 +27,13 @@ namespace ssmcc {
 // ACTIVATIONS of ssmcc/ops/moe_experts.py, in that order.
 enum class ExpertActivation : int { kSilu = 0, kGelu = 1, kGeluTanh = 2, kRelu = 3, kRelu2 = 4 };
 
+// "" when ``activation`` names one of ExpertActivation, else why not (``op`` leads the message).
+inline std::string check_expert_activation(const std::string& op, int64_t activation) {
+  if (activation >= 0 && activation <= static_cast<int64_t>(ExpertActivation::kRelu2)) return "";
+  return op + ": activation must be 0 (silu), 1 (gelu), 2 (gelu_tanh), 3 (relu) or 4 (relu2), "
+              "got " + std::to_string(activation);
+}
+
 inline float expert_activation(float x, int activation) {
   switch (static_cast<ExpertActivation>(activation)) {
     case ExpertActivation::kSilu:

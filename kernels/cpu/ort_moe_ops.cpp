@@ -45,10 +45,9 @@ struct MoeExpertsKernel {
     Ort::ConstKernelInfo k(info);
     activation = k.GetAttribute<int64_t>("activation");
     gated = k.GetAttribute<int64_t>("gated");
-    if (activation < 0 || activation > static_cast<int64_t>(ssmcc::ExpertActivation::kRelu2))
-      throw std::invalid_argument("ssmcc." + std::string(name()) +
-                                  ": activation must be 0 (silu), 1 (gelu), 2 (gelu_tanh), "
-                                  "3 (relu) or 4 (relu2), got " + std::to_string(activation));
+    const std::string invalid =
+        ssmcc::check_expert_activation("ssmcc." + std::string(name()), activation);
+    if (!invalid.empty()) throw std::invalid_argument(invalid);
   }
 
   static const char* name() { return kQuantized ? "QuantizedMoeExperts" : "MoeExperts"; }

@@ -17,6 +17,16 @@ from ssmcc.kernels.cpu.native import as_f32, call_kernel, pointer
 from ssmcc.ops.quantized_linear import check_quantized_linear_args
 
 STORAGE = {torch.int8: 0, torch.bfloat16: 1, torch.float16: 2}  # gemv_quantized.h's Storage
+FLOAT32_STORAGE = -1  # mixer_weight.h's kFloat32Storage
+
+
+def mixer_weight_args(weight, scale) -> tuple:
+    """(weight, scale, storage code, groups) as ``mixer_weight.h`` reads a weight: one without a
+    scale as float32 (``FLOAT32_STORAGE``), a stored one as it is (``STORAGE``; groups: the
+    scale's last dim, for a matrix (N, G) or a stack of them (E, N, G))."""
+    if scale is None:
+        return as_f32(weight), None, FLOAT32_STORAGE, 1
+    return weight.contiguous(), as_f32(scale), STORAGE[weight.dtype], scale.shape[-1]
 
 
 def dequantize_cpu(weight, scale):

@@ -501,17 +501,13 @@ SSMCC_EXPORT int ssmcc_moe_experts(const float* hidden, const int64_t* index, co
                                    int32_t threads) {
   const ssmcc::MixerWeight up_w{up, up_scale, up_storage, up_groups};
   const ssmcc::MixerWeight down_w{down, down_scale, down_storage, down_groups};
-  const int32_t last_activation = static_cast<int32_t>(ssmcc::ExpertActivation::kRelu2);
   const auto contract = ssmcc::first_error(
       {ssmcc::check_nonnegative("moe_experts", "tokens", tokens),
        ssmcc::check_nonnegative("moe_experts", "k", k),
        ssmcc::check_nonnegative("moe_experts", "experts", experts),
        ssmcc::check_nonnegative("moe_experts", "d", d),
        ssmcc::check_nonnegative("moe_experts", "width", width),
-       activation < 0 || activation > last_activation
-           ? "moe_experts: activation must be 0 (silu) .. 4 (relu2), got " +
-                 std::to_string(activation)
-           : "",
+       ssmcc::check_expert_activation("moe_experts", activation),
        ssmcc::check_mixer_weight("moe_experts", "up", up_w, d),
        ssmcc::check_mixer_weight("moe_experts", "down", down_w, width)});
   return guarded(contract, [&] {
