@@ -10,9 +10,10 @@ compiled by the time a model is compiled. ``launch`` then wraps the kernel in Tr
 interpreted ones (``interpreted_language``), restoring them after. With ``TRITON_INTERPRET=1`` set
 before Triton was imported everything is interpreted already and nothing is swapped.
 
-The interpreter runs every program instance one after another in Python (slow: for tests). A
-kernel here calls no other ``@triton.jit`` function of ssmcc's (each is self-contained), so
-nothing else needs swapping.
+The interpreter runs every program instance one after another in Python (slow: for tests). The
+kernels are self-contained, except the TensorRT plugin wrappers (``plugin_kernels.py``), which
+call other kernels of this package as device functions: ``launch`` swaps a kernel's own
+``@triton.jit`` callees (the names of its module) for interpreted ones for the call, too.
 """
 
 from __future__ import annotations
@@ -124,6 +125,22 @@ def interpreted_language():
             _restore(saved)
 
 
+@contextlib.contextmanager
+def _callees_interpreted(kernel):
+    """The ``@triton.jit`` functions named in ``kernel``'s module, interpreted for the duration
+    (the interpreter runs a kernel's rewritten source in its module's namespace)."""
+    from triton.runtime.jit import JITFunction
+
+    names = kernel.fn.__globals__
+    swapped = {n: v for n, v in names.items() if isinstance(v, JITFunction) and v is not kernel}
+    interpreted = {n: _interpreted(v) for n, v in swapped.items()}  # hashed before any swap
+    names.update(interpreted)
+    try:
+        yield
+    finally:
+        names.update(swapped)
+
+
 @functools.cache
 def _interpreted(kernel):
     from triton.runtime.interpreter import InterpretedFunction
@@ -160,8 +177,9 @@ def launch(kernel, grid: tuple):
             raise OptionError(
                 f"Triton kernels run on CUDA or (interpreted) CPU tensors, got {device}"
             )
-        with interpreted_language():
-            return _interpreted(kernel)[grid](*args, **meta)
+        interpreted = _interpreted(kernel)
+        with interpreted_language(), _callees_interpreted(kernel):
+            return interpreted[grid](*args, **meta)
 
     return run
 

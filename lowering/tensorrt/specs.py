@@ -1,0 +1,208 @@
+"""What each TensorRT plugin of ssmcc is, as data and size rules that import neither TensorRT
+nor Triton: one ``PluginSpec`` per ssmcc ONNX node type the target binds to a plugin.
+
+A spec says, for its node (``lowering/onnx/schemas.py`` has the layouts):
+
+    inputs / outputs     names in the node's order (TensorRT passes them to the kernel so)
+    attributes           the node's int attributes the kernel is specialised on
+    output_shapes        each output's dims as expressions over the input dims
+    output_dtypes        each output's dtype: an input's (by name) or float32
+    extras               the int32 sizes the kernel takes after the inputs
+    grid                 the launch grid, three expressions
+    constexprs           the kernel's compile-time constants for given attributes and static dims
+
+An expression is a function of ``dims`` (``dims["u"][1]``: dim 1 of input ``u``) and ``ops``
+(``ops.cdiv``, ``ops.max``). The TensorRT plugin (``plugins.py``) evaluates the same functions
+over ``tensorrt.plugin.ShapeExpr`` values; the tests evaluate them over ints (``INT_OPS``) and
+compare with the ops' fake implementations, and launch the kernels in the interpreter with them.
+Only dims of inputs are read, never sizes of outputs, as in TensorRT's shape functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from ssmcc.kernels.triton import configs
+
+FLOAT32 = "float32"
+NAMESPACE = "ssmcc"
+PLUGIN_VERSION = "1"
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+class IntOps:
+    """``cdiv`` and ``max`` over Python ints (what ``tensorrt.plugin.cdiv`` / ``max`` do over
+    shape expressions)."""
+
+    @staticmethod
+    def cdiv(a: int, b: int) -> int:
+        return -(-a // b)
+
+    @staticmethod
+    def max(a: int, b: int) -> int:
+        return a if a >= b else b
+
+
+INT_OPS = IntOps()
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginSpec:
+    op: str  # the ssmcc op (ssmcc.ops) the node computes
+    op_type: str  # the ONNX node's op_type = the plugin's name
+    kernel: str  # kernels/triton/plugin_kernels.py
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attributes: tuple[str, ...]
+    output_shapes: tuple[Callable, ...]  # (dims) -> tuple of dims, one per output
+    output_dtypes: tuple[str, ...]  # an input's name (its dtype) or "float32"
+    extras: tuple[tuple[str, Callable], ...]  # (name, (dims) -> dim)
+    grid: Callable  # (dims, ops, constexprs) -> 3 dims
+    constexprs: Callable  # (attributes, static dims) -> {name: value}
+    static_dims: tuple[tuple[str, int], ...] = ()  # (input, axis) the constexprs read
+
+    @property
+    def plugin_id(self) -> str:
+        return f"{NAMESPACE}::{self.op_type}"
+
+
+def _scan_constexprs(attributes: dict, static: dict) -> dict:
+    state = static[("A", 1)]
+    return {
+        "BLOCK_D": configs.SELECTIVE_SCAN_GPU.block_d,
+        "BLOCK_N": _next_power_of_2(state),
+        "HAS_Z": bool(attributes["has_z"]),
+        "SOFTPLUS": bool(attributes["delta_softplus"]),
+        "num_warps": configs.SELECTIVE_SCAN_GPU.num_warps,
+    }
+
+
+def _conv_constexprs(attributes: dict, static: dict) -> dict:
+    width = static[("weight", 1)]
+    return {
+        "WIDTH": width,
+        "BLOCK_D": configs.CONV_GPU.block_d,
+        "BLOCK_L": configs.CONV_GPU.chunk,
+        "BLOCK_K": _next_power_of_2(width - 1),
+        "SILU": attributes["activation"] == 1,
+        "num_warps": configs.CONV_GPU.num_warps,
+    }
+
+
+def _state_update_constexprs(attributes: dict, static: dict) -> dict:
+    return {
+        "BLOCK_R": configs.STATE_UPDATE_GPU.block_d,
+        "BLOCK_N": _next_power_of_2(static[("A", 1)]),
+        "HAS_Z": bool(attributes["has_z"]),
+        "SOFTPLUS": bool(attributes["dt_softplus"]),
+        "num_warps": configs.STATE_UPDATE_GPU.num_warps,
+    }
+
+
+def _conv_update_constexprs(attributes: dict, static: dict) -> dict:
+    width = static[("weight", 1)]
+    return {
+        "WIDTH": width,
+        "BLOCK_D": configs.CONV_GPU.block_d,
+        "SILU": attributes["activation"] == 1,
+        "num_warps": configs.CONV_GPU.num_warps,
+    }
+
+
+SPECS: dict[str, PluginSpec] = {
+    spec.op_type: spec
+    for spec in (
+        PluginSpec(
+            op="selective_scan",
+            op_type="SelectiveScan",
+            kernel="trt_selective_scan_kernel",
+            inputs=("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state"),
+            outputs=("out", "last_state"),
+            attributes=("delta_softplus", "has_z"),
+            output_shapes=(
+                lambda d: (d["u"][0], d["u"][1], d["u"][2]),
+                lambda d: (d["u"][0], d["u"][1], d["A"][1]),
+            ),
+            output_dtypes=("u", FLOAT32),
+            extras=(
+                ("dim", lambda d: d["u"][1]),
+                ("length", lambda d: d["u"][2]),
+                ("groups", lambda d: d["B"][1]),
+                ("state", lambda d: d["A"][1]),
+            ),
+            grid=lambda d, ops, c: (d["u"][0], ops.cdiv(d["u"][1], c["BLOCK_D"]), 1),
+            constexprs=_scan_constexprs,
+            static_dims=(("A", 1),),
+        ),
+        PluginSpec(
+            op="causal_conv1d",
+            op_type="CausalConv1d",
+            kernel="trt_causal_conv1d_kernel",
+            inputs=("x", "weight", "bias", "initial_state"),
+            outputs=("out", "final_state"),
+            attributes=("activation",),
+            output_shapes=(
+                lambda d: (d["x"][0], d["x"][1], d["x"][2]),
+                lambda d: (d["x"][0], d["x"][1], d["initial_state"][2]),
+            ),
+            output_dtypes=("x", FLOAT32),
+            extras=(("dim", lambda d: d["x"][1]), ("length", lambda d: d["x"][2])),
+            grid=lambda d, ops, c: (
+                d["x"][0],
+                ops.cdiv(d["x"][1], c["BLOCK_D"]),
+                ops.max(ops.cdiv(d["x"][2], c["BLOCK_L"]), 1),
+            ),
+            constexprs=_conv_constexprs,
+            static_dims=(("weight", 1),),
+        ),
+        PluginSpec(
+            op="selective_state_update",
+            op_type="SelectiveStateUpdate",
+            kernel="trt_selective_state_update_kernel",
+            inputs=("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias"),
+            outputs=("out", "new_state"),
+            attributes=("dt_softplus", "has_z"),
+            output_shapes=(
+                lambda d: (d["x"][0], d["x"][1]),
+                lambda d: (d["state"][0], d["state"][1], d["state"][2]),
+            ),
+            output_dtypes=("x", FLOAT32),
+            extras=(
+                ("dim", lambda d: d["x"][1]),
+                ("nstate", lambda d: d["A"][1]),
+                ("groups", lambda d: d["B"][1]),
+            ),
+            grid=lambda d, ops, c: (d["x"][0], 1, ops.cdiv(d["x"][1], c["BLOCK_R"])),
+            constexprs=_state_update_constexprs,
+            static_dims=(("A", 1),),
+        ),
+        PluginSpec(
+            op="causal_conv1d_update",
+            op_type="CausalConv1dUpdate",
+            kernel="trt_causal_conv1d_update_kernel",
+            inputs=("x", "conv_state", "weight", "bias"),
+            outputs=("out", "new_state"),
+            attributes=("activation",),
+            output_shapes=(
+                lambda d: (d["x"][0], d["x"][1]),
+                lambda d: (d["conv_state"][0], d["conv_state"][1], d["conv_state"][2]),
+            ),
+            output_dtypes=("x", FLOAT32),
+            extras=(("dim", lambda d: d["x"][1]),),
+            grid=lambda d, ops, c: (d["x"][0], ops.cdiv(d["x"][1], c["BLOCK_D"]), 1),
+            constexprs=_conv_update_constexprs,
+            static_dims=(("weight", 1),),
+        ),
+    )
+}
+
+OP_TYPES = {spec.op: spec.op_type for spec in SPECS.values()}
+
+
+def static_dims(spec: PluginSpec, shapes: dict) -> dict:
+    """The dims a spec's constants read, from concrete or static ONNX input shapes."""
+    return {(name, axis): int(shapes[name][axis]) for name, axis in spec.static_dims}

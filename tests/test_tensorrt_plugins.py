@@ -1,0 +1,142 @@
+"""The TensorRT target's plugins where TensorRT cannot run: their size rules against the ops' fake
+implementations over many shapes, and their kernels — launched as TensorRT's AOT plugin launches
+them (inputs, int32 extras, outputs; grid and constants from the same rules) — against the ops'
+references in Triton's interpreter."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+pytest.importorskip("triton")
+
+from ssmcc.lowering.tensorrt.plugin_launch import launch_plugin, output_shapes  # noqa: E402
+from ssmcc.lowering.tensorrt.specs import FLOAT32, INT_OPS, SPECS  # noqa: E402
+from ssmcc.ops import SSMCC_OPS  # noqa: E402
+
+ACTIVATIONS = {0: None, 1: "silu"}
+
+
+def node_inputs(op_type: str, sizes: dict, make) -> dict:
+    """The node's inputs (layouts of ``lowering/onnx/schemas.py``) of the given sizes, each
+    from ``make(shape)``."""
+    b, d, n, g, k = sizes["b"], sizes["d"], sizes["n"], sizes["g"], sizes["k"]
+    length = sizes["l"]
+    shapes = {
+        "SelectiveScan": dict(
+            u=(b, d, length), delta=(b, d, length), A=(d, n), B=(b, g, n, length),
+            C=(b, g, n, length), D=(d,), z=(b, d, length), delta_bias=(d,),
+            initial_state=(b, d, n),
+        ),
+        "CausalConv1d": dict(
+            x=(b, d, length), weight=(d, k), bias=(d,), initial_state=(b, d, k - 1)
+        ),
+        "SelectiveStateUpdate": dict(
+            state=(b, d, n), x=(b, d), dt=(b, d), A=(d, n), B=(b, g, n), C=(b, g, n), D=(d,),
+            z=(b, d), dt_bias=(d,),
+        ),
+        "CausalConv1dUpdate": dict(x=(b, d), conv_state=(b, d, k - 1), weight=(d, k), bias=(d,)),
+    }[op_type]
+    return {name: make(shape, name) for name, shape in shapes.items()}
+
+
+def call_op(op_type: str, t: dict, attributes: dict):
+    """The ssmcc op the node computes, on the node's inputs (every optional input given)."""
+    op = SSMCC_OPS[SPECS[op_type].op]
+    if op_type == "SelectiveScan":
+        z = t["z"] if attributes["has_z"] else None
+        return op(t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], z, t["delta_bias"],
+                  bool(attributes["delta_softplus"]), t["initial_state"])
+    if op_type == "CausalConv1d":
+        return op(t["x"], t["weight"], t["bias"], t["initial_state"],
+                  ACTIVATIONS[attributes["activation"]])
+    if op_type == "SelectiveStateUpdate":
+        z = t["z"] if attributes["has_z"] else None
+        return op(t["state"], t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], z, t["dt_bias"],
+                  bool(attributes["dt_softplus"]))
+    activation = ACTIVATIONS[attributes["activation"]]
+    return op(t["x"], t["conv_state"], t["weight"], t["bias"], activation)
+
+
+def random_sizes(rng: random.Random) -> dict:
+    g = rng.choice([1, 1, 2, 4])
+    return dict(
+        b=rng.randint(1, 9), d=g * rng.randint(1, 40), n=rng.randint(1, 24), g=g,
+        k=rng.randint(2, 5), l=rng.choice([0, 1, 2, rng.randint(3, 700)]),
+    )
+
+
+def random_attributes(op_type: str, rng: random.Random) -> dict:
+    return {name: rng.randint(0, 1) for name in SPECS[op_type].attributes}
+
+
+@pytest.mark.parametrize("op_type", sorted(SPECS))
+def test_descriptor_rules_equal_the_fake_impls_on_random_shapes(op_type):
+    """Each output's shape rule over int dims, and its dtype rule, equal what the op's fake
+    implementation returns for 200 random shapes."""
+    spec = SPECS[op_type]
+    rng = random.Random(f"trt-{op_type}")
+    for _ in range(200):
+        sizes, attributes = random_sizes(rng), random_attributes(op_type, rng)
+        with FakeTensorMode():
+            inputs = node_inputs(op_type, sizes, lambda shape, _: torch.empty(shape))
+            fake = call_op(op_type, inputs, attributes)
+        dims = {name: tuple(t.shape) for name, t in inputs.items()}
+        expected = [tuple(t.shape) for t in fake]
+        assert output_shapes(spec, dims) == expected, (op_type, sizes, attributes)
+        for rule, out in zip(spec.output_dtypes, fake, strict=True):
+            assert (torch.float32 if rule == FLOAT32 else inputs[rule].dtype) == out.dtype
+
+
+@pytest.mark.parametrize("op_type", sorted(SPECS))
+def test_grid_covers_every_output_element_once(op_type):
+    """The grid's program count along the channel dim covers ``dim`` with the kernel's block."""
+    spec = SPECS[op_type]
+    rng = random.Random(f"grid-{op_type}")
+    for _ in range(200):
+        sizes = random_sizes(rng)
+        dims = {
+            name: shape
+            for name, shape in node_inputs(op_type, sizes, lambda shape, _: shape).items()
+        }
+        constexprs = spec.constexprs(random_attributes(op_type, rng), {
+            key: dims[key[0]][key[1]] for key in spec.static_dims
+        })
+        grid = spec.grid(dims, INT_OPS, constexprs)
+        block = constexprs.get("BLOCK_D", constexprs.get("BLOCK_R"))
+        channel_axis = 2 if op_type == "SelectiveStateUpdate" else 1
+        assert grid[0] == sizes["b"]
+        assert (grid[channel_axis] - 1) * block < sizes["d"] <= grid[channel_axis] * block
+        assert all(g >= 1 for g in grid)
+
+
+CASES = [  # (b, d, n, g, k, l), attributes
+    (dict(b=2, d=6, n=4, g=2, k=4, l=5), 1),
+    (dict(b=1, d=5, n=3, g=1, k=2, l=1), 0),
+    (dict(b=3, d=8, n=5, g=4, k=3, l=0), 1),
+    (dict(b=2, d=70, n=16, g=1, k=4, l=9), 0),
+]
+
+
+@pytest.mark.parametrize("op_type", sorted(SPECS))
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_plugin_kernel_equals_the_reference(op_type, case):
+    """The kernel, given what TensorRT gives it, computes the node's outputs (float32, 1e-5)."""
+    sizes, flag = CASES[case]
+    generator = torch.Generator().manual_seed(case)
+
+    def make(shape, name):
+        if name == "A":
+            return -torch.rand(shape, generator=generator) - 0.1
+        return torch.randn(shape, generator=generator)
+
+    inputs = node_inputs(op_type, sizes, make)
+    attributes = {name: flag for name in SPECS[op_type].attributes}
+    got = launch_plugin(SPECS[op_type], inputs, attributes)
+    expected = call_op(op_type, inputs, attributes)
+    for g, e in zip(got, expected, strict=True):
+        assert g.shape == e.shape and g.dtype == e.dtype
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
