@@ -5,6 +5,7 @@ references in Triton's interpreter."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -39,6 +40,12 @@ def node_inputs(op_type: str, sizes: dict, make) -> dict:
             z=(b, d), dt_bias=(d,),
         ),
         "CausalConv1dUpdate": dict(x=(b, d), conv_state=(b, d, k - 1), weight=(d, k), bias=(d,)),
+        # prefill's (b, l, d), or a step's (b, d) when l is odd
+        "RmsNormGated": dict(
+            x=(b, length, d) if length % 2 == 0 else (b, d),
+            z=(b, length, d) if length % 2 == 0 else (b, d),
+            weight=(d,),
+        ),
     }[op_type]
     return {name: make(shape, name) for name, shape in shapes.items()}
 
@@ -57,6 +64,10 @@ def call_op(op_type: str, t: dict, attributes: dict):
         z = t["z"] if attributes["has_z"] else None
         return op(t["state"], t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], z, t["dt_bias"],
                   bool(attributes["dt_softplus"]))
+    if op_type == "RmsNormGated":
+        z = t["z"] if attributes["has_z"] else None
+        return (op(t["x"], z, t["weight"], attributes["group_size"], attributes["eps"],
+                   bool(attributes["norm_before_gate"])),)
     activation = ACTIVATIONS[attributes["activation"]]
     return op(t["x"], t["conv_state"], t["weight"], t["bias"], activation)
 
@@ -69,8 +80,17 @@ def random_sizes(rng: random.Random) -> dict:
     )
 
 
-def random_attributes(op_type: str, rng: random.Random) -> dict:
-    return {name: rng.randint(0, 1) for name in SPECS[op_type].attributes}
+def attributes_for(op_type: str, sizes: dict, flag: int, eps: float = 1e-5) -> dict:
+    """Every attribute of the node: the flags at ``flag``, the norm's group of d / g."""
+    values = {"group_size": sizes["d"] // sizes["g"], "eps": eps}
+    return {name: values.get(name, flag) for name, _ in SPECS[op_type].attributes}
+
+
+def random_attributes(op_type: str, sizes: dict, rng: random.Random) -> dict:
+    flags = {name: rng.randint(0, 1) for name, _ in SPECS[op_type].attributes}
+    return {**flags, **attributes_for(op_type, sizes, 0, rng.choice([1e-5, 1e-6, 0.1]))} | {
+        k: v for k, v in flags.items() if k not in ("group_size", "eps")
+    }
 
 
 @pytest.mark.parametrize("op_type", sorted(SPECS))
@@ -80,7 +100,8 @@ def test_descriptor_rules_equal_the_fake_impls_on_random_shapes(op_type):
     spec = SPECS[op_type]
     rng = random.Random(f"trt-{op_type}")
     for _ in range(200):
-        sizes, attributes = random_sizes(rng), random_attributes(op_type, rng)
+        sizes = random_sizes(rng)
+        attributes = random_attributes(op_type, sizes, rng)
         with FakeTensorMode():
             inputs = node_inputs(op_type, sizes, lambda shape, _: torch.empty(shape))
             fake = call_op(op_type, inputs, attributes)
@@ -93,7 +114,8 @@ def test_descriptor_rules_equal_the_fake_impls_on_random_shapes(op_type):
 
 @pytest.mark.parametrize("op_type", sorted(SPECS))
 def test_grid_covers_every_output_element_once(op_type):
-    """The grid's program count along the channel dim covers ``dim`` with the kernel's block."""
+    """The grid's program count along the channel dim covers ``dim`` with the kernel's block
+    (the norm: one program per row and group)."""
     spec = SPECS[op_type]
     rng = random.Random(f"grid-{op_type}")
     for _ in range(200):
@@ -102,15 +124,18 @@ def test_grid_covers_every_output_element_once(op_type):
             name: shape
             for name, shape in node_inputs(op_type, sizes, lambda shape, _: shape).items()
         }
-        constexprs = spec.constexprs(random_attributes(op_type, rng), {
-            key: dims[key[0]][key[1]] for key in spec.static_dims
-        })
+        attributes = random_attributes(op_type, sizes, rng)
+        static = {key: dims[key[0]][key[1]] for key in spec.static_dims}
+        constexprs = spec.constexprs(attributes, static)
         grid = spec.grid(dims, INT_OPS, constexprs)
+        if op_type == "RmsNormGated":  # no rows at length 0 (TensorRT's profiles start at 1)
+            assert grid == (math.prod(dims["x"][:-1]), sizes["g"], 1)
+            continue
+        assert all(g >= 1 for g in grid)
         block = constexprs.get("BLOCK_D", constexprs.get("BLOCK_R"))
         channel_axis = 2 if op_type == "SelectiveStateUpdate" else 1
         assert grid[0] == sizes["b"]
         assert (grid[channel_axis] - 1) * block < sizes["d"] <= grid[channel_axis] * block
-        assert all(g >= 1 for g in grid)
 
 
 CASES = [  # (b, d, n, g, k, l), attributes
@@ -134,7 +159,7 @@ def test_plugin_kernel_equals_the_reference(op_type, case):
         return torch.randn(shape, generator=generator)
 
     inputs = node_inputs(op_type, sizes, make)
-    attributes = {name: flag for name in SPECS[op_type].attributes}
+    attributes = attributes_for(op_type, sizes, flag)
     got = launch_plugin(SPECS[op_type], inputs, attributes)
     expected = call_op(op_type, inputs, attributes)
     for g, e in zip(got, expected, strict=True):

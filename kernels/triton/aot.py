@@ -152,14 +152,15 @@ def _compile(spec: Specialization, arch: int, kernels: dict):
 
 
 def _jit_functions() -> dict:
-    """Every ``@triton.jit`` kernel of kernels/triton, by name (compiled, not interpreted)."""
+    """Every ``@triton.jit`` kernel of kernels/triton, by name (compiled, not interpreted): the
+    launchers' and the TensorRT plugins' (``plugin_kernels.py``)."""
     from triton.runtime.jit import JITFunction
 
-    from ssmcc.kernels.triton import registry
+    from ssmcc.kernels.triton import plugin_kernels, registry
 
     found = {}
-    for launcher in registry.TRITON_KERNELS.values():
-        module = __import__(launcher.__module__, fromlist=["_"])
+    modules = [__import__(f.__module__, fromlist=["_"]) for f in registry.TRITON_KERNELS.values()]
+    for module in [*modules, plugin_kernels]:
         for name, value in vars(module).items():
             if name.endswith("_kernel") and not isinstance(value, JITFunction):
                 raise OptionError(

@@ -51,4 +51,10 @@ GRID_RULES = {
     "_moe_up_kernel": "(tokens * top_k, cdiv(width, BLOCK_W))",
     "_moe_down_kernel": "(tokens, cdiv(dim, BLOCK_D))",
     "_positions_kernel": "(batch, max(1, cdiv(length, BLOCK)))",
+    # the TensorRT plugins' kernels (plugin_kernels.py; the rules are lowering/tensorrt/specs.py's)
+    "trt_selective_scan_kernel": "(batch, cdiv(dim, BLOCK_D), 1)",
+    "trt_causal_conv1d_kernel": "(batch, cdiv(dim, BLOCK_D), max(cdiv(length, BLOCK_L), 1))",
+    "trt_selective_state_update_kernel": "(batch, 1, cdiv(dim, BLOCK_R))",
+    "trt_causal_conv1d_update_kernel": "(batch, cdiv(dim, BLOCK_D), 1)",
+    "trt_rmsnorm_gated_kernel": "(rows, dim / GROUP, 1)",
 }

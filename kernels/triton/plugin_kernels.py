@@ -14,8 +14,9 @@ kernels' own (``selective_scan.py``, ``causal_conv1d.py``, ``state_update.py``):
                         every position (no parallelism along the sequence, so no state passing)
     CausalConv1d        the convolution kernel, and in the programs of the first position block
                         also the final-state kernel (same (batch, channel block) mapping)
-    SelectiveStateUpdate, CausalConv1dUpdate
-                        the step kernels, strides derived from the sizes
+    SelectiveStateUpdate, CausalConv1dUpdate, RmsNormGated
+                        single kernels already, strides derived from the sizes (the norm's
+                        group size and eps are constants: a binary per value)
 
 Every tensor is contiguous in the ONNX node's layout (TensorRT's linear format), so strides are
 products of sizes. Each node input is present (the ONNX emitters write zeros for an absent
@@ -26,6 +27,7 @@ cdiv(a, b) = ceil(a / b)::
     CausalConv1d          (batch, cdiv(dim, BLOCK_D), max(cdiv(length, BLOCK_L), 1))
     SelectiveStateUpdate  (batch, 1, cdiv(dim, BLOCK_R))
     CausalConv1dUpdate    (batch, cdiv(dim, BLOCK_D), 1)
+    RmsNormGated          (rows, dim / GROUP, 1)      rows: the product of x's leading dims
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from ssmcc.kernels.triton.causal_conv1d import (
     _causal_conv1d_kernel,
     _causal_conv1d_update_kernel,
 )
+from ssmcc.kernels.triton.rmsnorm_gated import _rmsnorm_gated_kernel
 from ssmcc.kernels.triton.selective_scan import _selective_scan_chunk_kernel
 from ssmcc.kernels.triton.state_update import _state_update_kernel
 
@@ -118,4 +121,18 @@ def trt_causal_conv1d_update_kernel(
         dim,
         dim, 1, dim * (WIDTH - 1), WIDTH - 1, 1, WIDTH, 1, dim, 1, dim * (WIDTH - 1), WIDTH - 1, 1,
         WIDTH, BLOCK_D, True, SILU,
+    )
+
+
+@triton.jit
+def trt_rmsnorm_gated_kernel(
+    x_ptr, z_ptr, w_ptr,
+    rows, dim,
+    out_ptr,
+    GROUP: tl.constexpr, EPS: tl.constexpr, BLOCK: tl.constexpr, HAS_Z: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr,
+):
+    _rmsnorm_gated_kernel(
+        x_ptr, z_ptr, w_ptr, out_ptr, GROUP, EPS, dim, 1, dim, 1, dim, 1,
+        BLOCK, HAS_Z, NORM_BEFORE_GATE,
     )

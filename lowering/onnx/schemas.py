@@ -71,8 +71,26 @@ def _int_attr(name: str, doc: str) -> OpSchema.Attribute:
     return OpSchema.Attribute(name, OpSchema.AttrType.INT, doc, required=True)
 
 
+# Every ssmcc op may carry the attributes by which TensorRT's ONNX parser binds a node to a plugin
+# (the tensorrt target sets them; lowering/tensorrt/graphs.py).
+_PLUGIN_ATTRIBUTES = (
+    OpSchema.Attribute(
+        "plugin_namespace", OpSchema.AttrType.STRING, "TensorRT: the plugin's namespace",
+        required=False,
+    ),
+    OpSchema.Attribute(
+        "plugin_version", OpSchema.AttrType.STRING, "TensorRT: the plugin's version",
+        required=False,
+    ),
+)
+
+
+def _schema(name: str, domain: str, version: int, *, attributes=(), **fields) -> OpSchema:
+    return OpSchema(name, domain, version, attributes=[*attributes, *_PLUGIN_ATTRIBUTES], **fields)
+
+
 SCHEMAS = [
-    OpSchema(
+    _schema(
         "SelectiveScan",
         DOMAIN,
         VERSION,
@@ -97,7 +115,7 @@ SCHEMAS = [
             _int_attr("has_z", "1: out = y * silu(z)"),
         ],
     ),
-    OpSchema(
+    _schema(
         "CausalConv1d",
         DOMAIN,
         VERSION,
@@ -118,7 +136,7 @@ SCHEMAS = [
 
 
 SCHEMAS += [
-    OpSchema(
+    _schema(
         "SelectiveStateUpdate",
         DOMAIN,
         VERSION,
@@ -143,7 +161,7 @@ SCHEMAS += [
             _int_attr("has_z", "1: out = y * silu(z)"),
         ],
     ),
-    OpSchema(
+    _schema(
         "CausalConv1dUpdate",
         DOMAIN,
         VERSION,
@@ -175,7 +193,7 @@ _DT_ATTRIBUTES = [
 ]
 
 SCHEMAS += [
-    OpSchema(
+    _schema(
         "SsdScan",
         DOMAIN,
         VERSION,
@@ -197,7 +215,7 @@ SCHEMAS += [
         type_constraints=[("T", _FLOAT_TYPES, "floating point")],
         attributes=_DT_ATTRIBUTES,
     ),
-    OpSchema(
+    _schema(
         "SsdStateUpdate",
         DOMAIN,
         VERSION,
@@ -219,7 +237,7 @@ SCHEMAS += [
         type_constraints=[("T", _FLOAT_TYPES, "floating point")],
         attributes=_DT_ATTRIBUTES,
     ),
-    OpSchema(
+    _schema(
         "RmsNormGated",
         DOMAIN,
         VERSION,

@@ -294,25 +294,43 @@ def inline_functions(model: onnx.ModelProto, graph: str) -> onnx.ModelProto:
     return inlined
 
 
+def write_graphs(programs: ProgramSet, folder: str, form: str, edit=None) -> dict:
+    """Export the program set's graphs into ``folder`` (``<graph>.onnx`` and ``weights.bin``);
+    returns the graph entries of the manifest. ``form``:
+
+        runtime    what ssmcc's ONNX Runtime sessions run: float32 products read their weights in
+                   place through ssmcc's library (``weights_in_place.py``)
+        inline     standard ONNX ops only: every function body written into the graph
+        portable   one ``ssmcc`` node per ssmcc op with its body as a model-local function, and
+                   nothing specific to ONNX Runtime (what other runtimes' importers read: the
+                   TensorRT target binds the nodes to its plugins)
+
+    ``edit(name, model)``, when given, edits each graph before it is checked and saved."""
+    weights = _WeightsFile(folder)
+    graphs = {}
+    for name, model in _exported_models(programs, weights.take):
+        if form == "runtime":  # ONNX Runtime: products on the weights as stored
+            read_weights_in_place(model, folder)
+        weights.externalize(model)  # what the rewrites added
+        if form == "inline":
+            model = inline_functions(model, name)
+        if edit is not None:
+            edit(name, model)
+        path = os.path.join(folder, f"{name}.onnx")
+        onnx.save_model(model, path)
+        onnx.checker.check_model(path, full_check=True)  # by path: it reads weights.bin
+        graphs[name] = _graph_entry(name, model, form == "runtime")
+        del model
+    weights.close()
+    phase(f"wrote the ONNX graphs and {WEIGHTS_FILE}")
+    return graphs
+
+
 def lower(programs: ProgramSet, options) -> OnnxExecutable:
     inline = options["onnx_functions"] == "inline"
     workdir = tempfile.mkdtemp(prefix="ssmcc-onnx-")
-    graphs = {}
     try:
-        weights = _WeightsFile(workdir)
-        for name, model in _exported_models(programs, weights.take):
-            if not inline:  # ONNX Runtime: products on the weights as stored
-                read_weights_in_place(model, workdir)
-            weights.externalize(model)  # what the rewrites added
-            if inline:
-                model = inline_functions(model, name)
-            path = os.path.join(workdir, f"{name}.onnx")
-            onnx.save_model(model, path)
-            onnx.checker.check_model(path, full_check=True)  # by path: it reads weights.bin
-            graphs[name] = _graph_entry(name, model, not inline)
-            del model
-        weights.close()
-        phase(f"wrote the ONNX graphs and {WEIGHTS_FILE}")
+        graphs = write_graphs(programs, workdir, "inline" if inline else "runtime")
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise

@@ -4,7 +4,7 @@ nor Triton: one ``PluginSpec`` per ssmcc ONNX node type the target binds to a pl
 A spec says, for its node (``lowering/onnx/schemas.py`` has the layouts):
 
     inputs / outputs     names in the node's order (TensorRT passes them to the kernel so)
-    attributes           the node's int attributes the kernel is specialised on
+    attributes           the node's attributes the kernel is specialised on, with their types
     output_shapes        each output's dims as expressions over the input dims
     output_dtypes        each output's dtype: an input's (by name) or float32
     extras               the int32 sizes the kernel takes after the inputs
@@ -26,7 +26,10 @@ from collections.abc import Callable
 from ssmcc.kernels.triton import configs
 
 FLOAT32 = "float32"
-NAMESPACE = "ssmcc"
+NAMESPACE = "ssmcc"  # the plugins' (TensorRT plugin registry)
+# The domain of the ssmcc ONNX nodes (``lowering/onnx/schemas.py``'s DOMAIN; this package does not
+# import the onnx target until the tensorrt target is registered as building on it)
+ONNX_DOMAIN = "ssmcc"
 PLUGIN_VERSION = "1"
 
 
@@ -57,7 +60,7 @@ class PluginSpec:
     kernel: str  # kernels/triton/plugin_kernels.py
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-    attributes: tuple[str, ...]
+    attributes: tuple[tuple[str, type], ...]  # (name, int or float)
     output_shapes: tuple[Callable, ...]  # (dims) -> tuple of dims, one per output
     output_dtypes: tuple[str, ...]  # an input's name (its dtype) or "float32"
     extras: tuple[tuple[str, Callable], ...]  # (name, (dims) -> dim)
@@ -113,6 +116,26 @@ def _conv_update_constexprs(attributes: dict, static: dict) -> dict:
     }
 
 
+def _leading_product(d):
+    """Rows of the norm: the product of x's dims but the last."""
+    rows = 1
+    for size in d["x"][:-1]:
+        rows = size * rows
+    return rows
+
+
+def _rmsnorm_constexprs(attributes: dict, static: dict) -> dict:
+    group = attributes["group_size"]
+    return {
+        "GROUP": group,
+        "EPS": float(attributes["eps"]),
+        "BLOCK": _next_power_of_2(group),
+        "HAS_Z": bool(attributes["has_z"]),
+        "NORM_BEFORE_GATE": bool(attributes["norm_before_gate"]),
+        "num_warps": 4 if group >= 1024 else 1,
+    }
+
+
 SPECS: dict[str, PluginSpec] = {
     spec.op_type: spec
     for spec in (
@@ -122,7 +145,7 @@ SPECS: dict[str, PluginSpec] = {
             kernel="trt_selective_scan_kernel",
             inputs=("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state"),
             outputs=("out", "last_state"),
-            attributes=("delta_softplus", "has_z"),
+            attributes=(("delta_softplus", int), ("has_z", int)),
             output_shapes=(
                 lambda d: (d["u"][0], d["u"][1], d["u"][2]),
                 lambda d: (d["u"][0], d["u"][1], d["A"][1]),
@@ -144,7 +167,7 @@ SPECS: dict[str, PluginSpec] = {
             kernel="trt_causal_conv1d_kernel",
             inputs=("x", "weight", "bias", "initial_state"),
             outputs=("out", "final_state"),
-            attributes=("activation",),
+            attributes=(("activation", int),),
             output_shapes=(
                 lambda d: (d["x"][0], d["x"][1], d["x"][2]),
                 lambda d: (d["x"][0], d["x"][1], d["initial_state"][2]),
@@ -165,7 +188,7 @@ SPECS: dict[str, PluginSpec] = {
             kernel="trt_selective_state_update_kernel",
             inputs=("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias"),
             outputs=("out", "new_state"),
-            attributes=("dt_softplus", "has_z"),
+            attributes=(("dt_softplus", int), ("has_z", int)),
             output_shapes=(
                 lambda d: (d["x"][0], d["x"][1]),
                 lambda d: (d["state"][0], d["state"][1], d["state"][2]),
@@ -186,7 +209,7 @@ SPECS: dict[str, PluginSpec] = {
             kernel="trt_causal_conv1d_update_kernel",
             inputs=("x", "conv_state", "weight", "bias"),
             outputs=("out", "new_state"),
-            attributes=("activation",),
+            attributes=(("activation", int),),
             output_shapes=(
                 lambda d: (d["x"][0], d["x"][1]),
                 lambda d: (d["conv_state"][0], d["conv_state"][1], d["conv_state"][2]),
@@ -196,6 +219,21 @@ SPECS: dict[str, PluginSpec] = {
             grid=lambda d, ops, c: (d["x"][0], ops.cdiv(d["x"][1], c["BLOCK_D"]), 1),
             constexprs=_conv_update_constexprs,
             static_dims=(("weight", 1),),
+        ),
+        PluginSpec(
+            op="rmsnorm_gated",
+            op_type="RmsNormGated",
+            kernel="trt_rmsnorm_gated_kernel",
+            inputs=("x", "z", "weight"),
+            outputs=("out",),
+            attributes=(
+                ("group_size", int), ("eps", float), ("norm_before_gate", int), ("has_z", int)
+            ),
+            output_shapes=(lambda d: tuple(d["x"]),),
+            output_dtypes=("x",),
+            extras=(("rows", _leading_product), ("dim", lambda d: d["weight"][0])),
+            grid=lambda d, ops, c: (_leading_product(d), d["weight"][0] // c["GROUP"], 1),
+            constexprs=_rmsnorm_constexprs,
         ),
     )
 }

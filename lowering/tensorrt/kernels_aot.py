@@ -1,0 +1,86 @@
+"""The PTX a TensorRT artifact ships: one specialisation of a plugin kernel per distinct
+(plugin, attributes, static dims, dtypes) among the graphs' plugin nodes, built for each
+architecture by ``kernels/triton/aot.py``.
+
+The constants are fixed by the node (its attributes, and static dims such as the state size and
+the conv width, read from the graph after ONNX shape inference); sizes that vary at run time
+(batch, length, channels) are the kernel's int32 extras. The plugin's ``aot_impl`` picks the
+binary by the same key (``specialization_key``)."""
+
+from __future__ import annotations
+
+import onnx
+
+from ssmcc.errors import LoweringError
+from ssmcc.kernels.triton import aot
+from ssmcc.lowering.tensorrt.graphs import node_attributes, plugin_nodes
+from ssmcc.lowering.tensorrt.specs import FLOAT32, SPECS, static_dims
+
+_POINTERS = {
+    onnx.TensorProto.FLOAT: "*fp32",
+    onnx.TensorProto.FLOAT16: "*fp16",
+    onnx.TensorProto.BFLOAT16: "*bf16",
+}
+
+
+def _value_shapes(model: onnx.ModelProto) -> dict[str, tuple[list, int]]:
+    """(dims, element type) of every value of the graph that shape inference can tell."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    found = {}
+    for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        tensor = value.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in tensor.shape.dim]
+        found[value.name] = (dims, tensor.elem_type)
+    for init in model.graph.initializer:
+        found[init.name] = (list(init.dims), init.data_type)
+    return found
+
+
+def specialization(op_type: str, attributes: dict, static: dict, input_types: dict):
+    """The ``aot.Specialization`` of a plugin kernel for one node's constants and dtypes."""
+    from ssmcc.kernels.triton import plugin_kernels
+
+    spec = SPECS[op_type]
+    constexprs = spec.constexprs(attributes, static)
+    num_warps = constexprs.pop("num_warps")
+    kinds = {name: input_types[name] for name in spec.inputs}
+    kinds.update({name: "i32" for name, _ in spec.extras})
+    for name, dtype in zip(spec.outputs, spec.output_dtypes, strict=True):
+        kinds[name] = "*fp32" if dtype == FLOAT32 else input_types[dtype]
+    order = [*spec.inputs, *(n for n, _ in spec.extras), *spec.outputs]
+    kernel = getattr(plugin_kernels, spec.kernel)
+    signature = [(arg, kinds[name]) for arg, name in zip(kernel.arg_names, order, strict=False)]
+    signature += [(name, "constexpr") for name in constexprs]
+    if [a for a, _ in signature] != list(kernel.arg_names):
+        raise LoweringError(f"{spec.kernel}: its parameters do not follow the plugin spec")
+    return aot.Specialization(
+        kernel=spec.kernel,
+        source="plugin_kernels.py",
+        signature=tuple(signature),
+        constexprs=tuple(constexprs.items()),
+        num_warps=num_warps,
+        grid=(),
+    )
+
+
+def graph_specializations(models: dict[str, onnx.ModelProto]) -> dict[str, aot.Specialization]:
+    """Every distinct specialisation the graphs' plugin nodes need, by key."""
+    found = {}
+    for graph, model in models.items():
+        shapes = _value_shapes(model)
+        for node in plugin_nodes(model):
+            spec = SPECS[node.op_type]
+            inputs = dict(zip(spec.inputs, node.input, strict=True))
+            try:
+                dims = {name: shapes[value][0] for name, value in inputs.items()}
+                types = {name: _POINTERS[shapes[value][1]] for name, value in inputs.items()}
+                static = static_dims(spec, dims)
+            except (KeyError, ValueError, TypeError) as error:
+                raise LoweringError(
+                    f"target 'tensorrt': node {node.name!r} of the {graph} graph: the plugin "
+                    f"needs static {spec.static_dims} and float inputs; shape inference gave "
+                    f"{ {n: shapes.get(v) for n, v in inputs.items()} } ({error})"
+                ) from error
+            made = specialization(node.op_type, node_attributes(node), static, types)
+            found.setdefault(made.key, made)
+    return found
