@@ -73,15 +73,20 @@ class PluginSpec:
         return f"{NAMESPACE}::{self.op_type}"
 
 
-def _scan_constexprs(attributes: dict, static: dict) -> dict:
-    state = static[("A", 1)]
-    return {
-        "BLOCK_D": configs.SELECTIVE_SCAN_GPU.block_d,
-        "BLOCK_N": _next_power_of_2(state),
-        "HAS_Z": bool(attributes["has_z"]),
-        "SOFTPLUS": bool(attributes["delta_softplus"]),
-        "num_warps": configs.SELECTIVE_SCAN_GPU.num_warps,
-    }
+def _recurrence_constexprs(config, block: str, softplus: str) -> Callable:
+    """Constants of a Mamba-1 scan or state update: ``block`` channels per program (from the
+    GPU ``config``), the state size padded to a power of two, the gate and softplus flags."""
+
+    def constexprs(attributes: dict, static: dict) -> dict:
+        return {
+            block: config.block_d,
+            "BLOCK_N": _next_power_of_2(static[("A", 1)]),
+            "HAS_Z": bool(attributes["has_z"]),
+            "SOFTPLUS": bool(attributes[softplus]),
+            "num_warps": config.num_warps,
+        }
+
+    return constexprs
 
 
 def _conv_constexprs(attributes: dict, static: dict) -> dict:
@@ -93,16 +98,6 @@ def _conv_constexprs(attributes: dict, static: dict) -> dict:
         "BLOCK_K": _next_power_of_2(width - 1),
         "SILU": attributes["activation"] == 1,
         "num_warps": configs.CONV_GPU.num_warps,
-    }
-
-
-def _state_update_constexprs(attributes: dict, static: dict) -> dict:
-    return {
-        "BLOCK_R": configs.STATE_UPDATE_GPU.block_d,
-        "BLOCK_N": _next_power_of_2(static[("A", 1)]),
-        "HAS_Z": bool(attributes["has_z"]),
-        "SOFTPLUS": bool(attributes["dt_softplus"]),
-        "num_warps": configs.STATE_UPDATE_GPU.num_warps,
     }
 
 
@@ -158,7 +153,9 @@ SPECS: dict[str, PluginSpec] = {
                 ("state", lambda d: d["A"][1]),
             ),
             grid=lambda d, ops, c: (d["u"][0], ops.cdiv(d["u"][1], c["BLOCK_D"]), 1),
-            constexprs=_scan_constexprs,
+            constexprs=_recurrence_constexprs(
+                configs.SELECTIVE_SCAN_GPU, "BLOCK_D", "delta_softplus"
+            ),
             static_dims=(("A", 1),),
         ),
         PluginSpec(
@@ -200,7 +197,7 @@ SPECS: dict[str, PluginSpec] = {
                 ("groups", lambda d: d["B"][1]),
             ),
             grid=lambda d, ops, c: (d["x"][0], 1, ops.cdiv(d["x"][1], c["BLOCK_R"])),
-            constexprs=_state_update_constexprs,
+            constexprs=_recurrence_constexprs(configs.STATE_UPDATE_GPU, "BLOCK_R", "dt_softplus"),
             static_dims=(("A", 1),),
         ),
         PluginSpec(
@@ -227,7 +224,10 @@ SPECS: dict[str, PluginSpec] = {
             inputs=("x", "z", "weight"),
             outputs=("out",),
             attributes=(
-                ("group_size", int), ("eps", float), ("norm_before_gate", int), ("has_z", int)
+                ("group_size", int),
+                ("eps", float),
+                ("norm_before_gate", int),
+                ("has_z", int),
             ),
             output_shapes=(lambda d: tuple(d["x"]),),
             output_dtypes=("x",),
