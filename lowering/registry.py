@@ -34,7 +34,8 @@ from ssmcc.errors import OptionError
 from ssmcc.options import OptionSpec
 
 PLANNED: dict[str, str] = {
-    "tensorrt": "the TensorRT target is not built yet (it builds on the ONNX and Triton targets)",
+    "tensorrt": "the TensorRT target is not registered yet: its plugin kernels and plugin-bound "
+    "ONNX graphs exist (lowering/tensorrt), its plugin registration and artifact do not",
 }
 
 
