@@ -78,11 +78,14 @@ def test_every_op_has_a_triton_kernel():
 
 
 def test_every_kernel_has_a_grid_rule():
+    """The launchers' kernels and the TensorRT plugins' (``plugin_kernels.py``)."""
     from triton.runtime.jit import JITFunction
 
+    from ssmcc.kernels.triton import plugin_kernels
+
     kernels = set()
-    for launcher in TRITON_KERNELS.values():
-        module = inspect.getmodule(launcher)
+    modules = [inspect.getmodule(launcher) for launcher in TRITON_KERNELS.values()]
+    for module in [*modules, plugin_kernels]:
         kernels |= {n for n, v in vars(module).items() if isinstance(v, JITFunction)}
     assert kernels == set(catalog.GRID_RULES)
 
