@@ -33,10 +33,7 @@ from types import ModuleType
 from ssmcc.errors import OptionError
 from ssmcc.options import OptionSpec
 
-PLANNED: dict[str, str] = {
-    "tensorrt": "the TensorRT target is not registered yet: its plugin kernels and plugin-bound "
-    "ONNX graphs exist (lowering/tensorrt), its plugin registration and artifact do not",
-}
+PLANNED: dict[str, str] = {}
 
 
 @dataclasses.dataclass(frozen=True)

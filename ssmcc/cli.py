@@ -539,6 +539,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ssmcc.cli_serving import add_serving_commands
 
     add_serving_commands(commands)
+    from ssmcc.cli_tensorrt import add_tensorrt_command
+
+    add_tensorrt_command(commands)
     return parser
 
 

@@ -84,3 +84,41 @@ def graph_specializations(models: dict[str, onnx.ModelProto]) -> dict[str, aot.S
             made = specialization(node.op_type, node_attributes(node), static, types)
             found.setdefault(made.key, made)
     return found
+
+
+KERNELS_FILE = "plugin_kernels.json"
+
+
+def launch_description(spec, dims: dict, attributes: dict, input_types: dict, static: dict, ops):
+    """(specialisation key, grid, extras) of one plugin launch: what the plugin's ``aot_impl``
+    returns to TensorRT, over TensorRT's shape expressions (``ops``: ``tensorrt.plugin``'s cdiv
+    and max) or, in the tests, over ints."""
+    made = specialization(spec.op_type, attributes, static, input_types)
+    constexprs = dict(made.constexprs)
+    grid = tuple(spec.grid(dims, ops, constexprs))
+    extras = [rule(dims) for _, rule in spec.extras]
+    return made.key, grid, extras
+
+
+def build_plugin_kernels(models: dict[str, onnx.ModelProto], folder: str, archs) -> dict:
+    """Build the PTX the graphs' plugin nodes need into ``folder`` (flat: ``<kernel>-<key>.<arch>
+    .ptx``) with ``plugin_kernels.json`` (``aot``'s manifest, PTX only: TensorRT's AOT plugins
+    take PTX); returns that manifest."""
+    import json
+    import os
+    import shutil
+    import tempfile
+
+    specs = graph_specializations(models)
+    staging = tempfile.mkdtemp(prefix=".ssmcc-plugin-kernels-", dir=folder)
+    try:
+        manifest = aot.build(list(specs.values()), archs, os.path.join(staging, "out"))
+        for entry in manifest["kernels"]:
+            built = os.path.join(staging, "out", entry["ptx"])
+            shutil.move(built, os.path.join(folder, entry["ptx"]))
+            del entry["cubin"]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    with open(os.path.join(folder, KERNELS_FILE), "w") as f:
+        json.dump(manifest, f, indent=1, allow_nan=False)
+    return manifest

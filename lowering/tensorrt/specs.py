@@ -27,9 +27,7 @@ from ssmcc.kernels.triton import configs
 
 FLOAT32 = "float32"
 NAMESPACE = "ssmcc"  # the plugins' (TensorRT plugin registry)
-# The domain of the ssmcc ONNX nodes (``lowering/onnx/schemas.py``'s DOMAIN; this package does not
-# import the onnx target until the tensorrt target is registered as building on it)
-ONNX_DOMAIN = "ssmcc"
+ONNX_DOMAIN = "ssmcc"  # the ssmcc ONNX nodes' (``lowering/onnx/schemas.py``'s DOMAIN)
 PLUGIN_VERSION = "1"
 
 
