@@ -1,19 +1,16 @@
 """The TensorRT target's graphs and PTX where TensorRT cannot run: the ONNX lowering's portable
-graphs with every ssmcc node bound to its plugin pass ``onnx.checker``, hold one plugin node per
-ssmcc op with the attributes TensorRT's parser reads, still run in stock ONNX Runtime through
-their function bodies (equal to the ONNX target), and every plugin kernel they need compiles for
-each architecture (PTX, and a cubin from ptxas)."""
+graphs with every ssmcc node bound to its plugin pass ``onnx.checker`` and hold one plugin node
+per ssmcc op with the attributes TensorRT's parser reads, and every plugin kernel they need
+compiles for each architecture (PTX, and a cubin from ptxas). That the bound graphs compute what
+the ONNX target does: ``test_tensorrt_target.py``."""
 
 from __future__ import annotations
 
 import functools
 import os
 
-import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-import torch
 
 import ssmcc
 from ssmcc.errors import LoweringError
@@ -73,41 +70,6 @@ def test_every_ssmcc_node_is_bound_to_its_plugin(tmp_path):
             assert norms == layers["selective_scan"] + 1  # each block's and the final one
 
 
-def _feeds(session, ids: torch.Tensor, state: dict | None) -> dict:
-    feeds = {"input_ids": ids.numpy()}
-    for value in session.get_inputs()[1:]:
-        if state is not None:
-            feeds[value.name] = state[value.name].numpy().astype(np.float32)
-        else:
-            dims = [ids.shape[0] if isinstance(d, str) else d for d in value.shape]
-            feeds[value.name] = np.zeros(dims, np.float32)
-    return feeds
-
-
-def test_bound_graphs_run_in_stock_onnxruntime_through_their_bodies(tmp_path):
-    """ONNX Runtime without ssmcc's library expands the functions the plugin nodes call: the
-    graphs TensorRT gets compute what the ONNX target computes."""
-    graphs = _bound_graphs("mamba-tiny", tmp_path)
-    compiled = _compiled("mamba-tiny")
-    ids = torch.randint(0, compiled.vocab_size, (3, 37), generator=torch.Generator().manual_seed(0))
-    logits, state = compiled.prefill(ids)
-    prefill = ort.InferenceSession(str(tmp_path / graphs["prefill"]["file"]))
-    got = prefill.run(None, _feeds(prefill, ids, None))
-    np.testing.assert_allclose(got[0], logits.numpy(), atol=1e-5, rtol=1e-5)
-    names = [o.name for o in prefill.get_outputs()[1:]]
-    after = {
-        name.removesuffix(".next"): torch.from_numpy(v)
-        for name, v in zip(names, got[1:], strict=True)
-    }
-    token = ids[:, -1:]
-    step_logits, _ = compiled.step(token[:, 0], state)
-    step = ort.InferenceSession(str(tmp_path / graphs["step"]["file"]))
-    got = step.run(None, _feeds(step, token, after))
-    np.testing.assert_allclose(
-        got[0].reshape(step_logits.shape), step_logits.numpy(), atol=1e-5, rtol=1e-5
-    )
-
-
 def test_the_plugins_read_the_onnx_targets_domain():
     from ssmcc.lowering.onnx.schemas import DOMAIN
     from ssmcc.lowering.tensorrt.specs import ONNX_DOMAIN
@@ -116,16 +78,22 @@ def test_the_plugins_read_the_onnx_targets_domain():
 
 
 def test_a_node_without_a_plugin_is_refused_by_name(tmp_path):
-    with pytest.raises(LoweringError, match=r"ssmcc\.SsdScan, which has no TensorRT plugin yet"):
-        _bound_graphs("mamba2-tiny", tmp_path / "m2")
+    """The ONNX Runtime form's nodes (products reading their weights in place) have no plugin."""
+    programs = ProgramSet(_compiled("mamba-tiny").program, token_model=True)
+    with pytest.raises(LoweringError, match=r"ssmcc\.Linear, which has no TensorRT plugin yet"):
+        write_graphs(programs, str(tmp_path), "runtime", bind_plugins)
 
 
 def test_every_plugin_kernel_compiles_for_four_archs(tmp_path):
-    """Each specialisation the graphs need builds to PTX and (ptxas) a cubin per architecture;
+    """Each specialisation the graphs of a Mamba-1 and a Mamba-2 model need builds to PTX and
+    (ptxas) a cubin per architecture;
     the PTX entry takes the node's inputs, the extras and the outputs (+ Triton's 2 scratch
     pointers)."""
-    graphs = _bound_graphs("mamba-tiny", tmp_path / "g")
-    specs = graph_specializations(_load(tmp_path / "g", graphs))
+    specs = {}
+    for name in ("mamba-tiny", "mamba2-tiny"):  # between them, every plugin
+        graphs = _bound_graphs(name, tmp_path / name)
+        models = _load(tmp_path / name, graphs)
+        specs.update(graph_specializations({f"{name}.{g}": m for g, m in models.items()}))
     assert {s.kernel for s in specs.values()} == {spec.kernel for spec in SPECS.values()}
     manifest = aot.build(list(specs.values()), aot.DEFAULT_ARCHS, str(tmp_path / "k"))
     assert len(manifest["kernels"]) == len(specs) * 4

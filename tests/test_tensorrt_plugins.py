@@ -25,21 +25,56 @@ def node_inputs(op_type: str, sizes: dict, make) -> dict:
     """The node's inputs (layouts of ``lowering/onnx/schemas.py``) of the given sizes, each
     from ``make(shape)``."""
     b, d, n, g, k = sizes["b"], sizes["d"], sizes["n"], sizes["g"], sizes["k"]
-    length = sizes["l"]
+    length, h, p = sizes["l"], sizes["h"], sizes["p"]
     shapes = {
         "SelectiveScan": dict(
-            u=(b, d, length), delta=(b, d, length), A=(d, n), B=(b, g, n, length),
-            C=(b, g, n, length), D=(d,), z=(b, d, length), delta_bias=(d,),
+            u=(b, d, length),
+            delta=(b, d, length),
+            A=(d, n),
+            B=(b, g, n, length),
+            C=(b, g, n, length),
+            D=(d,),
+            z=(b, d, length),
+            delta_bias=(d,),
             initial_state=(b, d, n),
         ),
         "CausalConv1d": dict(
             x=(b, d, length), weight=(d, k), bias=(d,), initial_state=(b, d, k - 1)
         ),
         "SelectiveStateUpdate": dict(
-            state=(b, d, n), x=(b, d), dt=(b, d), A=(d, n), B=(b, g, n), C=(b, g, n), D=(d,),
-            z=(b, d), dt_bias=(d,),
+            state=(b, d, n),
+            x=(b, d),
+            dt=(b, d),
+            A=(d, n),
+            B=(b, g, n),
+            C=(b, g, n),
+            D=(d,),
+            z=(b, d),
+            dt_bias=(d,),
         ),
         "CausalConv1dUpdate": dict(x=(b, d), conv_state=(b, d, k - 1), weight=(d, k), bias=(d,)),
+        "SsdScan": dict(
+            x=(b, length, h, p),
+            dt=(b, length, h),
+            A=(h,),
+            B=(b, length, g, n),
+            C=(b, length, g, n),
+            D=(h, p),
+            z=(b, length, h, p),
+            dt_bias=(h,),
+            initial_state=(b, h, p, n),
+        ),
+        "SsdStateUpdate": dict(
+            state=(b, h, p, n),
+            x=(b, h, p),
+            dt=(b, h),
+            A=(h,),
+            B=(b, g, n),
+            C=(b, g, n),
+            D=(h, p),
+            z=(b, h, p),
+            dt_bias=(h,),
+        ),
         # prefill's (b, l, d), or a step's (b, d) when l is odd
         "RmsNormGated": dict(
             x=(b, length, d) if length % 2 == 0 else (b, d),
@@ -55,19 +90,85 @@ def call_op(op_type: str, t: dict, attributes: dict):
     op = SSMCC_OPS[SPECS[op_type].op]
     if op_type == "SelectiveScan":
         z = t["z"] if attributes["has_z"] else None
-        return op(t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], z, t["delta_bias"],
-                  bool(attributes["delta_softplus"]), t["initial_state"])
+        return op(
+            t["u"],
+            t["delta"],
+            t["A"],
+            t["B"],
+            t["C"],
+            t["D"],
+            z,
+            t["delta_bias"],
+            bool(attributes["delta_softplus"]),
+            t["initial_state"],
+        )
     if op_type == "CausalConv1d":
-        return op(t["x"], t["weight"], t["bias"], t["initial_state"],
-                  ACTIVATIONS[attributes["activation"]])
+        return op(
+            t["x"],
+            t["weight"],
+            t["bias"],
+            t["initial_state"],
+            ACTIVATIONS[attributes["activation"]],
+        )
     if op_type == "SelectiveStateUpdate":
         z = t["z"] if attributes["has_z"] else None
-        return op(t["state"], t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], z, t["dt_bias"],
-                  bool(attributes["dt_softplus"]))
+        return op(
+            t["state"],
+            t["x"],
+            t["dt"],
+            t["A"],
+            t["B"],
+            t["C"],
+            t["D"],
+            z,
+            t["dt_bias"],
+            bool(attributes["dt_softplus"]),
+        )
+    if op_type in ("SsdScan", "SsdStateUpdate"):
+        z = t["z"] if attributes["has_z"] else None
+        limits = (
+            attributes["dt_min"],
+            None if math.isinf(attributes["dt_max"]) else attributes["dt_max"],
+        )
+        if op_type == "SsdScan":
+            return op(
+                t["x"],
+                t["dt"],
+                t["A"],
+                t["B"],
+                t["C"],
+                t["D"],
+                z,
+                t["dt_bias"],
+                bool(attributes["dt_softplus"]),
+                *limits,
+                t["initial_state"],
+            )
+        return op(
+            t["state"],
+            t["x"],
+            t["dt"],
+            t["A"],
+            t["B"],
+            t["C"],
+            t["D"],
+            z,
+            t["dt_bias"],
+            bool(attributes["dt_softplus"]),
+            *limits,
+        )
     if op_type == "RmsNormGated":
         z = t["z"] if attributes["has_z"] else None
-        return (op(t["x"], z, t["weight"], attributes["group_size"], attributes["eps"],
-                   bool(attributes["norm_before_gate"])),)
+        return (
+            op(
+                t["x"],
+                z,
+                t["weight"],
+                attributes["group_size"],
+                attributes["eps"],
+                bool(attributes["norm_before_gate"]),
+            ),
+        )
     activation = ACTIVATIONS[attributes["activation"]]
     return op(t["x"], t["conv_state"], t["weight"], t["bias"], activation)
 
@@ -75,22 +176,33 @@ def call_op(op_type: str, t: dict, attributes: dict):
 def random_sizes(rng: random.Random) -> dict:
     g = rng.choice([1, 1, 2, 4])
     return dict(
-        b=rng.randint(1, 9), d=g * rng.randint(1, 40), n=rng.randint(1, 24), g=g,
-        k=rng.randint(2, 5), l=rng.choice([0, 1, 2, rng.randint(3, 700)]),
+        b=rng.randint(1, 9),
+        d=g * rng.randint(1, 40),
+        n=rng.randint(1, 24),
+        g=g,
+        k=rng.randint(2, 5),
+        l=rng.choice([0, 1, 2, rng.randint(3, 700)]),
+        h=g * rng.randint(1, 4),
+        p=rng.randint(1, 40),
     )
 
 
-def attributes_for(op_type: str, sizes: dict, flag: int, eps: float = 1e-5) -> dict:
-    """Every attribute of the node: the flags at ``flag``, the norm's group of d / g."""
-    values = {"group_size": sizes["d"] // sizes["g"], "eps": eps}
+def attributes_for(
+    op_type: str, sizes: dict, flag: int, eps: float = 1e-5, dt_max: float = math.inf
+) -> dict:
+    """Every attribute of the node: the flags at ``flag``, the norm's group of d / g, dt
+    clamped to [0.001, dt_max] when ``flag`` is set."""
+    values = {"group_size": sizes["d"] // sizes["g"], "eps": eps, "dt_max": dt_max}
+    values["dt_min"] = 0.001 if flag else 0.0
     return {name: values.get(name, flag) for name, _ in SPECS[op_type].attributes}
 
 
 def random_attributes(op_type: str, sizes: dict, rng: random.Random) -> dict:
+    floats = ("group_size", "eps", "dt_min", "dt_max")
     flags = {name: rng.randint(0, 1) for name, _ in SPECS[op_type].attributes}
-    return {**flags, **attributes_for(op_type, sizes, 0, rng.choice([1e-5, 1e-6, 0.1]))} | {
-        k: v for k, v in flags.items() if k not in ("group_size", "eps")
-    }
+    eps, dt_max = rng.choice([1e-5, 1e-6, 0.1]), rng.choice([math.inf, 0.1, 5.0])
+    values = attributes_for(op_type, sizes, rng.randint(0, 1), eps, dt_max)
+    return values | {k: v for k, v in flags.items() if k not in floats}
 
 
 @pytest.mark.parametrize("op_type", sorted(SPECS))
@@ -132,17 +244,22 @@ def test_grid_covers_every_output_element_once(op_type):
             assert grid == (math.prod(dims["x"][:-1]), sizes["g"], 1)
             continue
         assert all(g >= 1 for g in grid)
+        assert grid[0] == sizes["b"]
+        if op_type in ("SsdScan", "SsdStateUpdate"):  # (batch, heads, head-dim row blocks)
+            block = constexprs.get("BLOCK_P", constexprs.get("BLOCK_R"))
+            assert grid[1] == sizes["h"]
+            assert (grid[2] - 1) * block < sizes["p"] <= grid[2] * block
+            continue
         block = constexprs.get("BLOCK_D", constexprs.get("BLOCK_R"))
         channel_axis = 2 if op_type == "SelectiveStateUpdate" else 1
-        assert grid[0] == sizes["b"]
         assert (grid[channel_axis] - 1) * block < sizes["d"] <= grid[channel_axis] * block
 
 
-CASES = [  # (b, d, n, g, k, l), attributes
-    (dict(b=2, d=6, n=4, g=2, k=4, l=5), 1),
-    (dict(b=1, d=5, n=3, g=1, k=2, l=1), 0),
-    (dict(b=3, d=8, n=5, g=4, k=3, l=0), 1),
-    (dict(b=2, d=70, n=16, g=1, k=4, l=9), 0),
+CASES = [  # sizes, flags (and dt clamped to [0.001, 0.5] when set)
+    (dict(b=2, d=6, n=4, g=2, k=4, l=5, h=4, p=3), 1),
+    (dict(b=1, d=5, n=3, g=1, k=2, l=1, h=1, p=5), 0),
+    (dict(b=3, d=8, n=5, g=4, k=3, l=0, h=4, p=2), 1),
+    (dict(b=2, d=70, n=16, g=1, k=4, l=9, h=3, p=20), 0),
 ]
 
 
@@ -156,10 +273,12 @@ def test_plugin_kernel_equals_the_reference(op_type, case):
     def make(shape, name):
         if name == "A":
             return -torch.rand(shape, generator=generator) - 0.1
+        if name == "dt" and op_type.startswith("Ssd"):  # around softplus's bend and the clamps
+            return torch.randn(shape, generator=generator) - 1.0
         return torch.randn(shape, generator=generator)
 
     inputs = node_inputs(op_type, sizes, make)
-    attributes = attributes_for(op_type, sizes, flag)
+    attributes = attributes_for(op_type, sizes, flag, dt_max=0.5 if flag else math.inf)
     got = launch_plugin(SPECS[op_type], inputs, attributes)
     expected = call_op(op_type, inputs, attributes)
     for g, e in zip(got, expected, strict=True):

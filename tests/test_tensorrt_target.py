@@ -169,16 +169,27 @@ def test_the_plugin_module_registers_where_tensorrt_imports():
     assert ids == sorted(spec.plugin_id for spec in SPECS.values())
 
 
-def test_a_refused_model_leaves_nothing_on_disk(tmp_path):
-    """Mamba-2's SsdScan has no plugin: compile fails naming it, and neither the artifact nor
-    the target's working directory is left behind."""
+def test_a_failure_while_writing_leaves_nothing_on_disk(tmp_path, monkeypatch):
+    """A failure after the graphs are written (here: the PTX build) leaves neither the artifact
+    nor the target's working directory behind."""
+    from ssmcc.lowering.tensorrt import target
+
+    def failing(models, folder, archs):
+        assert {f"{g}.onnx" for g in models} <= set(os.listdir(folder))  # written by then
+        raise LoweringError("ptxas died")
+
+    monkeypatch.setattr(target, "build_plugin_kernels", failing)
     before = set(glob.glob(os.path.join(tempfile.gettempdir(), "ssmcc-tensorrt-*")))
-    with pytest.raises(LoweringError, match=r"ssmcc\.SsdScan, which has no TensorRT plugin"):
-        ssmcc.compile(build_preset("mamba2-tiny").eval(), target="tensorrt")
-    out = tmp_path / "m2"
-    assert main(["compile", "mamba2-tiny", "--target", "tensorrt", "--out", str(out)]) == 1
-    assert not out.exists() and os.listdir(tmp_path) == []
+    out = tmp_path / "m"
+    assert main(["compile", "mamba-tiny", "--target", "tensorrt", "--out", str(out)]) == 1
+    assert os.listdir(tmp_path) == []
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "ssmcc-tensorrt-*"))) == before
+
+
+def test_a_model_that_does_not_stream_is_refused():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with pytest.raises(LoweringError, match="target 'tensorrt' builds prefill, chunk and step"):
+        ssmcc.compile(model, target="tensorrt", example_inputs=(torch.randn(2, 4),))
 
 
 def test_options_are_checked():
@@ -196,10 +207,61 @@ def test_coverage_names_the_plugins():
     for spec in SPECS.values():
         assert rows[spec.op]["status"] == "supported"
         assert f"ssmcc::{spec.op_type}" in rows[spec.op]["detail"]
-    assert rows["ssd_scan"]["status"] == "unsupported"
+    assert rows["attention"]["status"] == "supported"  # standard ONNX ops: TensorRT's layers
+    assert rows["mamba_mixer"]["status"] == "unsupported"
 
 
 @pytest.mark.slow
 def test_mamba_130m_artifact():
     manifest = _check_artifact(_artifact("mamba-130m"))
     assert manifest["ssmcc_ops"]["selective_scan"] == 24
+
+
+def _ort_feeds(session, ids: torch.Tensor, states: dict | None) -> dict:
+    import numpy as np
+
+    feeds = {"input_ids": ids.numpy()}
+    for value in session.get_inputs()[1:]:
+        dtype = np.int64 if value.type == "tensor(int64)" else np.float32
+        if states is not None:
+            feeds[value.name] = states[value.name].numpy().astype(dtype)
+            continue
+        sizes = {"batch": ids.shape[0], "past": 0}
+        feeds[value.name] = np.zeros([sizes.get(d, d) for d in value.shape], dtype)
+    return feeds
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mamba-tiny",
+        "mamba2-tiny",
+        "granite-hybrid-tiny",
+        pytest.param("jamba-tiny", marks=pytest.mark.slow),  # Mamba-1, attention and MoE
+    ],
+)
+def test_the_artifacts_graphs_compute_what_the_onnx_target_does(name):
+    """The TensorRT artifact's prefill and step graphs, run in stock ONNX Runtime (which expands
+    each plugin node's function body), equal the ONNX target's programs of the same model:
+    logits and next states, batch 2, 7 positions then one step (1e-4)."""
+    import onnxruntime as ort
+
+    folder = _artifact(name)
+    model = build_preset(name).eval()
+    reference = ssmcc.compile(model, target="onnx")
+    ids = torch.randint(0, reference.vocab_size, (2, 7), generator=torch.Generator().manual_seed(1))
+    logits, state = reference.prefill(ids)
+    prefill = ort.InferenceSession(os.path.join(folder, "prefill.onnx"))
+    got = prefill.run(None, _ort_feeds(prefill, ids, None))
+    torch.testing.assert_close(torch.from_numpy(got[0]), logits, atol=1e-4, rtol=1e-4)
+    names = [o.name.removesuffix(".next") for o in prefill.get_outputs()[1:]]
+    states = {n: torch.from_numpy(v) for n, v in zip(names, got[1:], strict=True)}
+    for key in names:
+        torch.testing.assert_close(states[key], state[key], atol=1e-4, rtol=1e-4)
+    token = logits[:, -1].argmax(-1)
+    step_logits, _ = reference.step(token, state)
+    step = ort.InferenceSession(os.path.join(folder, "step.onnx"))
+    got = step.run(None, _ort_feeds(step, token[:, None], states))
+    torch.testing.assert_close(
+        torch.from_numpy(got[0]).reshape(step_logits.shape), step_logits, atol=1e-4, rtol=1e-4
+    )

@@ -57,4 +57,6 @@ GRID_RULES = {
     "trt_selective_state_update_kernel": "(batch, 1, cdiv(dim, BLOCK_R))",
     "trt_causal_conv1d_update_kernel": "(batch, cdiv(dim, BLOCK_D), 1)",
     "trt_rmsnorm_gated_kernel": "(rows, dim / GROUP, 1)",
+    "trt_ssd_state_update_kernel": "(batch, heads, cdiv(head_dim, BLOCK_R))",
+    "trt_ssd_scan_kernel": "(batch, heads, cdiv(head_dim, BLOCK_P))",
 }

@@ -74,7 +74,7 @@ def _quiet_exporter():
         logger.setLevel(level)
 
 
-def _translation_table(program: ExportedProgram) -> dict:
+def _translation_table(program: ExportedProgram, runtime_nodes: bool) -> dict:
     table = {}
     for node in program.graph.nodes:
         if node.op != "call_function" or not is_ssmcc_op(node.target):
@@ -86,7 +86,8 @@ def _translation_table(program: ExportedProgram) -> dict:
                 f"supported: {', '.join(sorted(ONNX_TABLE))}"
             )
         table[SSMCC_OPS[name]] = ONNX_TABLE[name].emit
-    if SSMCC_OPS["moe_experts"] in table and _few_expert_tokens(program):
+    few = runtime_nodes and SSMCC_OPS["moe_experts"] in table and _few_expert_tokens(program)
+    if few:
         table[SSMCC_OPS["moe_experts"]] = emit_moe_experts_node
     return table
 
@@ -203,12 +204,15 @@ def lower_to_onnx(
     output_names: list[str] | None = None,
     dim_names: dict[str, str] | None = None,
     take_weights=None,
+    runtime_nodes: bool = True,
 ) -> onnx.ModelProto:
     """``dim_names`` maps the program's symbol names (e.g. ``s0``) to ONNX dim names.
     ``take_weights(ir_model)``, when given, moves the weights out of the exported model before
-    it becomes a ModelProto (which would otherwise hold a copy of every weight)."""
+    it becomes a ModelProto (which would otherwise hold a copy of every weight).
+    ``runtime_nodes``: write the nodes that exist for ssmcc's ONNX Runtime kernels where their
+    inputs are small (a decode step's ``MoeExperts``); False: standard ops there."""
     register_schemas((*QUANTIZED_SCHEMAS, LINEAR_SCHEMA, *MOE_SCHEMAS))
-    table = _translation_table(program)
+    table = _translation_table(program, runtime_nodes)
     widths = _conv_widths(program)
     if len(widths) > 1:
         raise LoweringError(

@@ -178,9 +178,9 @@ def _check_float32(program) -> None:
             )
 
 
-def _exported_models(programs: ProgramSet, take_weights):
+def _exported_models(programs: ProgramSet, take_weights, runtime_nodes: bool = True):
     """(graph name, ONNX model) for each graph of the program set, exported one at a time,
-    its weights moved out by ``take_weights`` (``lower_to_onnx``)."""
+    its weights moved out by ``take_weights`` (``lower_to_onnx``, as ``runtime_nodes`` says)."""
     from ssmcc.lowering.onnx.export import lower_to_onnx
 
     _check_float32(programs.forward)
@@ -191,7 +191,9 @@ def _exported_models(programs: ProgramSet, take_weights):
         for graph in STATEFUL_GRAPHS:
             phase(f"exporting the {graph} graph to ONNX")
             program = programs.program(graph)
-            yield graph, lower_to_onnx(program, inputs, outputs, _dim_names(program), take_weights)
+            yield graph, lower_to_onnx(
+                program, inputs, outputs, _dim_names(program), take_weights, runtime_nodes
+            )
         return
     token = programs.token_model
     phase("exporting the forward graph to ONNX")
@@ -302,13 +304,14 @@ def write_graphs(programs: ProgramSet, folder: str, form: str, edit=None) -> dic
                    place through ssmcc's library (``weights_in_place.py``)
         inline     standard ONNX ops only: every function body written into the graph
         portable   one ``ssmcc`` node per ssmcc op with its body as a model-local function, and
-                   nothing specific to ONNX Runtime (what other runtimes' importers read: the
+                   nothing specific to ONNX Runtime: no weights read in place, a decode step's
+                   MoE experts as standard ops (what other runtimes' importers read: the
                    TensorRT target binds the nodes to its plugins)
 
     ``edit(name, model)``, when given, edits each graph before it is checked and saved."""
     weights = _WeightsFile(folder)
     graphs = {}
-    for name, model in _exported_models(programs, weights.take):
+    for name, model in _exported_models(programs, weights.take, form != "portable"):
         if form == "runtime":  # ONNX Runtime: products on the weights as stored
             read_weights_in_place(model, folder)
         weights.externalize(model)  # what the rewrites added

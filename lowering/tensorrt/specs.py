@@ -21,6 +21,7 @@ Only dims of inputs are read, never sizes of outputs, as in TensorRT's shape fun
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 from ssmcc.kernels.triton import configs
@@ -107,6 +108,29 @@ def _conv_update_constexprs(attributes: dict, static: dict) -> dict:
         "SILU": attributes["activation"] == 1,
         "num_warps": configs.CONV_GPU.num_warps,
     }
+
+
+def _ssd_constexprs(block: str, config, head_dim: tuple, state: tuple) -> Callable:
+    """Constants of a Mamba-2 scan or state update: ``block`` head-dim rows per program, the state
+    padded to a power of two, the flags, and the dt limits (no upper clamp when dt_max is inf)."""
+
+    def constexprs(attributes: dict, static: dict) -> dict:
+        dt_max = float(attributes["dt_max"])
+        return {
+            block: min(config.block_d, _next_power_of_2(static[head_dim])),
+            "BLOCK_N": _next_power_of_2(static[state]),
+            "HAS_Z": bool(attributes["has_z"]),
+            "SOFTPLUS": bool(attributes["dt_softplus"]),
+            "DT_MIN": float(attributes["dt_min"]),
+            "DT_MAX": dt_max if math.isfinite(dt_max) else 0.0,
+            "CLAMP_MAX": math.isfinite(dt_max),
+            "num_warps": config.num_warps,
+        }
+
+    return constexprs
+
+
+_SSD_ATTRIBUTES = (("dt_softplus", int), ("has_z", int), ("dt_min", float), ("dt_max", float))
 
 
 def _leading_product(d):
@@ -232,6 +256,51 @@ SPECS: dict[str, PluginSpec] = {
             extras=(("rows", _leading_product), ("dim", lambda d: d["weight"][0])),
             grid=lambda d, ops, c: (_leading_product(d), d["weight"][0] // c["GROUP"], 1),
             constexprs=_rmsnorm_constexprs,
+        ),
+        PluginSpec(
+            op="ssd_scan",
+            op_type="SsdScan",
+            kernel="trt_ssd_scan_kernel",
+            inputs=("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_state"),
+            outputs=("out", "final_state"),
+            attributes=_SSD_ATTRIBUTES,
+            output_shapes=(
+                lambda d: (d["x"][0], d["x"][1], d["x"][2], d["x"][3]),
+                lambda d: (d["x"][0], d["x"][2], d["x"][3], d["B"][3]),
+            ),
+            output_dtypes=("x", FLOAT32),
+            extras=(
+                ("length", lambda d: d["x"][1]),
+                ("heads", lambda d: d["x"][2]),
+                ("head_dim", lambda d: d["x"][3]),
+                ("groups", lambda d: d["B"][2]),
+                ("nstate", lambda d: d["B"][3]),
+            ),
+            grid=lambda d, ops, c: (d["x"][0], d["x"][2], ops.cdiv(d["x"][3], c["BLOCK_P"])),
+            constexprs=_ssd_constexprs("BLOCK_P", configs.STATE_UPDATE_GPU, ("x", 3), ("B", 3)),
+            static_dims=(("x", 3), ("B", 3)),
+        ),
+        PluginSpec(
+            op="ssd_state_update",
+            op_type="SsdStateUpdate",
+            kernel="trt_ssd_state_update_kernel",
+            inputs=("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias"),
+            outputs=("out", "new_state"),
+            attributes=_SSD_ATTRIBUTES,
+            output_shapes=(
+                lambda d: (d["x"][0], d["x"][1], d["x"][2]),
+                lambda d: (d["state"][0], d["state"][1], d["state"][2], d["state"][3]),
+            ),
+            output_dtypes=("x", FLOAT32),
+            extras=(
+                ("heads", lambda d: d["x"][1]),
+                ("head_dim", lambda d: d["x"][2]),
+                ("nstate", lambda d: d["B"][2]),
+                ("groups", lambda d: d["B"][1]),
+            ),
+            grid=lambda d, ops, c: (d["x"][0], d["x"][1], ops.cdiv(d["x"][2], c["BLOCK_R"])),
+            constexprs=_ssd_constexprs("BLOCK_R", configs.STATE_UPDATE_GPU, ("x", 2), ("B", 2)),
+            static_dims=(("x", 2), ("B", 2)),
         ),
     )
 }

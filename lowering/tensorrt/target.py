@@ -78,7 +78,9 @@ def _dim_range(dim, options, chunk_size: int) -> tuple[int, int, int]:
     if dim == "batch":
         return 1, 1, options["max_batch"]
     longest = options["max_length"]
-    return 1, min(chunk_size, longest), longest  # seq (and a K/V cache's past)
+    if dim == "past":  # a K/V cache's positions: none before the first chunk
+        return 0, min(chunk_size, longest), longest
+    return 1, min(chunk_size, longest), longest  # seq
 
 
 def profiles(graphs: dict, options, chunk_size: int) -> dict:
