@@ -81,6 +81,7 @@ class EngineRunner:
         self._runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
         self._profiles = profiles
         self._contexts: dict = {}
+        self._stream = None
 
     def _context(self, graph: str):
         if graph not in self._contexts:
@@ -103,7 +104,12 @@ class EngineRunner:
         for value, tensor in zip(entry["inputs"], inputs, strict=True):
             dtype = torch.int64 if value["dtype"] == "int64" else torch.float32
             bound.append(tensor.to("cuda", dtype).contiguous())
-            context.set_input_shape(value["name"], tuple(bound[-1].shape))
+            if not context.set_input_shape(value["name"], tuple(bound[-1].shape)):
+                raise ArtifactError(
+                    f"{graph}: input {value['name']!r} of shape {tuple(bound[-1].shape)} is "
+                    f"outside the engine's profile {self._profiles[graph][value['name']]}; "
+                    "recompile with larger max_batch / max_length"
+                )
             context.set_tensor_address(value["name"], bound[-1].data_ptr())
         outputs = []
         for value in entry["outputs"]:
@@ -111,7 +117,9 @@ class EngineRunner:
             out = torch.empty(shape, dtype=torch.float32, device="cuda")
             context.set_tensor_address(value["name"], out.data_ptr())
             outputs.append(out)
-        stream = torch.cuda.current_stream()
+        if self._stream is None:  # not the legacy default stream, which TensorRT syncs on
+            self._stream = torch.cuda.Stream()
+        stream = self._stream
         if not context.execute_async_v3(stream.cuda_stream):
             raise ArtifactError(f"TensorRT failed to run the {graph} engine")
         stream.synchronize()

@@ -13,7 +13,8 @@ Per plugin:
                grid over shape expressions), block = warps x 32, shared memory as compiled, and
                the int32 extras; attributes are not serialised into the engine (AOT), floats are
                constants of the binary
-    autotune   float32, linear formats (the PTX is built for float32 I/O)
+    autotune   the I/O dtypes as the network has them, linear formats (the binary for the
+               dtypes is found by the key: the artifact holds float32 builds)
 
 ``tensorrt.plugin`` validates each function's signature: inputs annotated ``TensorDesc``, then
 the attributes with their types, ``outputs`` and ``tactic``; the functions here take the spec's
@@ -104,7 +105,7 @@ def _register(trtp, trt, spec: PluginSpec) -> None:
         static = {}
         for name, axis in spec.static_dims:
             expr = dims[name][axis]
-            if not expr.is_constant():
+            if not expr.is_constant:  # a property of tensorrt.plugin's ShapeExpr
                 raise ArtifactError(
                     f"{spec.plugin_id}: dim {axis} of input {name!r} must be static (the "
                     "kernel is specialised on it)"
@@ -132,15 +133,20 @@ def _register(trtp, trt, spec: PluginSpec) -> None:
         return entry["entry"], entry["text"], launch, symbols
 
     outputs = typing.Tuple[(trtp.TensorDesc,) * len(spec.outputs)]  # noqa: UP006
+    kernel_text = typing.Union[str, bytes]  # noqa: UP007 (tensorrt.plugin reads typing forms)
     aot_impl.__signature__ = inspect.Signature(
-        _signature(spec, trtp.TensorDesc, outputs=outputs, tactic=True)
+        _signature(spec, trtp.TensorDesc, outputs=outputs, tactic=True),
+        return_annotation=typing.Tuple[  # noqa: UP006
+            kernel_text, kernel_text, trtp.KernelLaunchParams, trtp.SymIntExprs
+        ],
     )
     aot_impl.__name__ = f"{spec.op_type}_aot_impl"
     trtp.aot_impl(spec.plugin_id)(aot_impl)
 
-    def autotune(*args):
-        ios = len(spec.inputs) + len(spec.outputs)
-        return [trtp.AutoTuneCombination(", ".join(["FP32"] * ios), "LINEAR")]
+    def autotune(*args):  # (*inputs, *attributes, outputs): the I/O dtypes as the network has them
+        names = {trt.float32: "FP32", trt.float16: "FP16", trt.bfloat16: "BF16"}
+        descs = [*args[:count], *args[-1]]
+        return [trtp.AutoTuneCombination(", ".join(names[d.dtype] for d in descs), "LINEAR")]
 
     autotune.__signature__ = inspect.Signature(_signature(spec, trtp.TensorDesc, outputs=outputs))
     autotune.__name__ = f"{spec.op_type}_autotune"
@@ -156,6 +162,6 @@ def register_plugins(artifact_dir: str) -> list[str]:
     load_binaries(artifact_dir)
     for spec in SPECS.values():
         if spec.plugin_id not in _REGISTERED:
+            _REGISTERED.add(spec.plugin_id)  # trtp.register keeps it even if a later step fails
             _register(trtp, trt, spec)
-            _REGISTERED.add(spec.plugin_id)
     return sorted(_REGISTERED)
