@@ -231,7 +231,8 @@ STANDARD_OPS = {
 
 def native_ops() -> dict[str, str]:
     plugins = {
-        op: f"TensorRT plugin {NAMESPACE}::{op_type} (kernels/triton/plugin_kernels.py, AOT PTX)"
+        op: f"TensorRT plugin {NAMESPACE}::{op_type} (kernels/triton/plugin_kernels.py, AOT "
+        "PTX; never run on a real TensorRT)"
         for op, op_type in OP_TYPES.items()
     }
     return {**plugins, **STANDARD_OPS}
