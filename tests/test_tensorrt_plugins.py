@@ -86,91 +86,25 @@ def node_inputs(op_type: str, sizes: dict, make) -> dict:
 
 
 def call_op(op_type: str, t: dict, attributes: dict):
-    """The ssmcc op the node computes, on the node's inputs (every optional input given)."""
-    op = SSMCC_OPS[SPECS[op_type].op]
-    if op_type == "SelectiveScan":
-        z = t["z"] if attributes["has_z"] else None
-        return op(
-            t["u"],
-            t["delta"],
-            t["A"],
-            t["B"],
-            t["C"],
-            t["D"],
-            z,
-            t["delta_bias"],
-            bool(attributes["delta_softplus"]),
-            t["initial_state"],
-        )
-    if op_type == "CausalConv1d":
-        return op(
-            t["x"],
-            t["weight"],
-            t["bias"],
-            t["initial_state"],
-            ACTIVATIONS[attributes["activation"]],
-        )
-    if op_type == "SelectiveStateUpdate":
-        z = t["z"] if attributes["has_z"] else None
-        return op(
-            t["state"],
-            t["x"],
-            t["dt"],
-            t["A"],
-            t["B"],
-            t["C"],
-            t["D"],
-            z,
-            t["dt_bias"],
-            bool(attributes["dt_softplus"]),
-        )
-    if op_type in ("SsdScan", "SsdStateUpdate"):
-        z = t["z"] if attributes["has_z"] else None
-        limits = (
-            attributes["dt_min"],
-            None if math.isinf(attributes["dt_max"]) else attributes["dt_max"],
-        )
-        if op_type == "SsdScan":
-            return op(
-                t["x"],
-                t["dt"],
-                t["A"],
-                t["B"],
-                t["C"],
-                t["D"],
-                z,
-                t["dt_bias"],
-                bool(attributes["dt_softplus"]),
-                *limits,
-                t["initial_state"],
-            )
-        return op(
-            t["state"],
-            t["x"],
-            t["dt"],
-            t["A"],
-            t["B"],
-            t["C"],
-            t["D"],
-            z,
-            t["dt_bias"],
-            bool(attributes["dt_softplus"]),
-            *limits,
-        )
+    """The ssmcc op the node computes, on the node's inputs (every optional input given; z
+    dropped where ``has_z`` is 0), its flags after them (a scan's initial state last)."""
+    spec = SPECS[op_type]
+    op = SSMCC_OPS[spec.op]
+    args = [t[name] for name in spec.inputs]
+    if "has_z" in attributes and not attributes["has_z"]:
+        args[spec.inputs.index("z")] = None
+    if op_type in ("CausalConv1d", "CausalConv1dUpdate"):
+        return op(*args, ACTIVATIONS[attributes["activation"]])
     if op_type == "RmsNormGated":
-        z = t["z"] if attributes["has_z"] else None
-        return (
-            op(
-                t["x"],
-                z,
-                t["weight"],
-                attributes["group_size"],
-                attributes["eps"],
-                bool(attributes["norm_before_gate"]),
-            ),
-        )
-    activation = ACTIVATIONS[attributes["activation"]]
-    return op(t["x"], t["conv_state"], t["weight"], t["bias"], activation)
+        group, eps = attributes["group_size"], attributes["eps"]
+        return (op(*args, group, eps, bool(attributes["norm_before_gate"])),)
+    flags = [bool(attributes.get("delta_softplus", attributes.get("dt_softplus")))]
+    if op_type.startswith("Ssd"):
+        dt_max = attributes["dt_max"]
+        flags += [attributes["dt_min"], None if math.isinf(dt_max) else dt_max]
+    if op_type in ("SelectiveScan", "SsdScan"):
+        return op(*args[:-1], *flags, args[-1])
+    return op(*args, *flags)
 
 
 def random_sizes(rng: random.Random) -> dict:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import glob
-import hashlib
 import json
 import os
 import tempfile
@@ -23,6 +22,7 @@ import ssmcc
 from ssmcc.cli import main
 from ssmcc.errors import LoweringError, OptionError
 from ssmcc.presets import build_preset
+from ssmcc.runtime.artifact import sha256_of
 
 pytest.importorskip("triton", reason='Triton is an optional extra: pip install ".[triton]"')
 
@@ -47,14 +47,6 @@ def _artifact(name: str) -> str:
     return folder
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _check_artifact(folder: str) -> dict:
     manifest = json.loads(open(os.path.join(folder, "manifest.json")).read())
     assert manifest["target"] == "tensorrt"
@@ -62,7 +54,7 @@ def _check_artifact(folder: str) -> dict:
     assert set(os.listdir(folder)) == set(listed) | {"manifest.json"}
     for name, entry in listed.items():  # every file it names, as it names it
         path = os.path.join(folder, name)
-        assert os.path.getsize(path) == entry["bytes"] and _sha256(path) == entry["sha256"]
+        assert os.path.getsize(path) == entry["bytes"] and sha256_of(path) == entry["sha256"]
         assert name.endswith(DATA_SUFFIXES), f"{name}: the artifact holds data only"
     kernels = json.loads(open(os.path.join(folder, KERNELS_FILE)).read())
     assert kernels["archs"] == list(DEFAULT_ARCHS) == manifest["plugins"]["archs"]
