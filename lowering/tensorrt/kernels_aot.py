@@ -9,6 +9,11 @@ binary by the same key (``specialization_key``)."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import tempfile
+
 import onnx
 
 from ssmcc.errors import LoweringError
@@ -104,11 +109,6 @@ def build_plugin_kernels(models: dict[str, onnx.ModelProto], folder: str, archs)
     """Build the PTX the graphs' plugin nodes need into ``folder`` (flat: ``<kernel>-<key>.<arch>
     .ptx``) with ``plugin_kernels.json`` (``aot``'s manifest, PTX only: TensorRT's AOT plugins
     take PTX); returns that manifest."""
-    import json
-    import os
-    import shutil
-    import tempfile
-
     specs = graph_specializations(models)
     staging = tempfile.mkdtemp(prefix=".ssmcc-plugin-kernels-", dir=folder)
     try:

@@ -113,12 +113,12 @@ def trtexec_line(folder: str, graph: str, profile: dict) -> str:
 class TensorRTExecutable:
     """The artifact's files in ``folder``; engines built and run where TensorRT is."""
 
-    def __init__(self, folder: str, graphs: dict, specs, kernels: dict, options, chunk_size):
+    def __init__(self, folder: str, graphs: dict, specs, kernels: dict, shape_profiles: dict):
         self.folder = folder
         self.graph_entries = graphs
         self.specs = specs
         self.kernels = kernels  # plugin_kernels.json
-        self.profiles = profiles(graphs, options, chunk_size)
+        self.profiles = shape_profiles  # graph -> input -> min / opt / max
         self._runner = None
 
     @property
@@ -173,7 +173,7 @@ def lower(programs: ProgramSet, options) -> TensorRTExecutable:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     executable = TensorRTExecutable(
-        workdir, graphs, programs.specs, kernels, options, options.chunk_size
+        workdir, graphs, programs.specs, kernels, profiles(graphs, options, options.chunk_size)
     )
     weakref.finalize(executable, shutil.rmtree, workdir, True)
     return executable
@@ -215,11 +215,7 @@ def load(folder: str, manifest: dict, options) -> TensorRTExecutable:
     for entry in manifest["graphs"].values():
         if entry["file"] not in listed:
             raise ArtifactError(f"{folder}: graph file {entry['file']} is not listed")
-    executable = TensorRTExecutable(
-        folder, manifest["graphs"], specs, kernels, options, options.chunk_size
-    )
-    executable.profiles = manifest["profiles"]
-    return executable
+    return TensorRTExecutable(folder, manifest["graphs"], specs, kernels, manifest["profiles"])
 
 
 # ops the ONNX lowering writes as standard ONNX ops, which TensorRT's parser imports as layers
