@@ -14,7 +14,7 @@ been run on a real TensorRT (README says which parts).
 """
 
 from ssmcc.lowering.registry import Target
-from ssmcc.options import COMPILE, LOAD, OptionSpec
+from ssmcc.options import OptionSpec
 
 TARGET = Target(
     name="tensorrt",
@@ -36,7 +36,6 @@ TARGET = Target(
             "largest batch of the engines' optimisation profiles",
             kind=int,
             minimum=1,
-            stages=(COMPILE, LOAD),
             metavar="N",
         ),
         OptionSpec(
@@ -45,7 +44,6 @@ TARGET = Target(
             "longest prompt chunk of the engines' optimisation profiles (tokens)",
             kind=int,
             minimum=1,
-            stages=(COMPILE, LOAD),
             metavar="N",
         ),
     ),
