@@ -4,8 +4,9 @@ model repository (``ssmcc.serving.triton_repository``), and a local server on on
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-import time
+import threading
 
 
 def _cmd_export_serving(args: argparse.Namespace) -> int:
@@ -30,17 +31,28 @@ def _cmd_export_serving(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    """Run the server until SIGINT (Ctrl-C) or SIGTERM. The signals only set an event that the
+    main loop waits on: a ``KeyboardInterrupt`` raised at an arbitrary point could land inside
+    ``Popen.poll`` while it holds the process's wait lock, and the stop's ``wait`` would then
+    block forever on that lock with the server still running."""
     from ssmcc.serving import TritonServer
 
     server = TritonServer(args.repository, http_port=args.http_port, grpc_port=args.grpc_port)
+    stop = threading.Event()
+    handlers = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     print(f"[ssmcc] starting tritonserver on {args.repository}", file=sys.stderr, flush=True)
-    try:  # Ctrl-C at any point (starting, serving, stopping) stops the server and exits 0
-        with server:
+    try:
+        server.start(interrupt=stop)
+        if not stop.is_set():
             print(f"serving at http://{server.url} (gRPC {server.grpc_url}); Ctrl-C stops it")
             sys.stdout.flush()
-            while server.process.poll() is None:
-                time.sleep(0.5)
-    except KeyboardInterrupt:
+        while not stop.is_set() and server.process.poll() is None:
+            stop.wait(0.5)
+    finally:
+        server.stop()
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    if stop.is_set():
         return 0
     print(
         f"ssmcc: error: tritonserver exited with code {server.process.returncode}", file=sys.stderr
@@ -115,7 +127,8 @@ def add_serving_commands(commands) -> None:
         help="run a local Triton Inference Server on a model repository",
         description="Start the tritonserver of the installed nvidia-pytriton wheel (pip install "
         "'ssmcc[serving]') on REPOSITORY, bound to 127.0.0.1, with this Python environment "
-        "for its Python backend; print its address and run until Ctrl-C.",
+        "for its Python backend; print its address and run until Ctrl-C or SIGTERM (either stops "
+        "the server and exits 0; a server that exits by itself makes the command exit 1).",
     )
     serve.add_argument("repository", metavar="REPOSITORY", help="a model repository")
     serve.add_argument("--http-port", type=int, default=None, help="default: a free port")

@@ -233,9 +233,10 @@ def test_export_serving_command_writes_the_repository(mamba, tmp_path):
         assert "sequence_start=True" in f.read()
 
 
-def test_serve_command_runs_until_interrupted(mamba, tmp_path):
-    """``ssmcc serve REPO`` prints its address, answers health checks, and on Ctrl-C stops the
-    server it started and exits 0."""
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_serve_command_runs_until_interrupted(mamba, tmp_path, signal_name):
+    """``ssmcc serve REPO`` prints its address, answers health checks, and on Ctrl-C (SIGINT) or
+    SIGTERM stops the server it started and exits 0."""
     import signal
     import subprocess
     import sys
@@ -251,13 +252,39 @@ def test_serve_command_runs_until_interrupted(mamba, tmp_path):
         url = line.split()[2]
         with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=10) as answer:
             assert answer.status == 200
-        process.send_signal(signal.SIGINT)
+        process.send_signal(getattr(signal, signal_name))
         assert process.wait(timeout=60) == 0
     finally:
         process.kill()
         process.wait()
     with pytest.raises(OSError):
         urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5)
+    assert _processes_mentioning(repo) == []
+
+
+def test_serve_command_interrupted_while_starting(mamba, tmp_path):
+    """Ctrl-C before the server is ready: the command stops the starting server, prints no
+    address and exits 0, leaving no process behind."""
+    import signal
+    import subprocess
+    import sys
+
+    _, artifact = mamba
+    repo = export_triton(artifact, str(tmp_path / "repo"), name="m")
+    command = [sys.executable, "-m", "ssmcc.cli", "serve", repo]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr.readline().startswith("[ssmcc] starting tritonserver")
+        deadline = time.monotonic() + 30
+        while not _processes_mentioning(f"--model-repository={repo}"):  # the server is spawned
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+        assert process.stdout.read() == ""
+    finally:
+        process.kill()
+        process.wait()
     assert _processes_mentioning(repo) == []
 
 

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -128,7 +129,10 @@ class TritonServer:
             "--log-verbose=1" if self.verbose else "--log-verbose=0",
         ]
 
-    def start(self) -> TritonServer:
+    def start(self, interrupt: threading.Event | None = None) -> TritonServer:
+        """Start the server and wait until it is ready, or until ``interrupt`` is set (then the
+        server is stopped again and ``start`` returns; ``ssmcc serve`` sets it from its signal
+        handlers)."""
         root = pytriton_root()
         folder = tempfile.mkdtemp(prefix="ssmcc-tritonserver-")  # backends and log
         backends = _backend_folder(root, os.path.join(folder, "backends"))
@@ -147,7 +151,7 @@ class TritonServer:
             raise ServingError(f"tritonserver could not be started: {error}") from error
         # a server the caller forgets (or a process that exits early) is stopped all the same
         self._finalizer = weakref.finalize(self, _stop_process, self.process, folder)
-        self._wait_ready()
+        self._wait_ready(interrupt)
         return self
 
     def log(self) -> str:
@@ -165,10 +169,13 @@ class TritonServer:
         detail = "\n".join(errors[-8:]) if errors else log[-3000:]
         return ServingError(f"{what}; the server log says:\n{detail}")
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self, interrupt: threading.Event | None) -> None:
         deadline = time.monotonic() + self.ready_timeout_s
         ready = f"http://{self.url}/v2/health/ready"
         while time.monotonic() < deadline:
+            if interrupt is not None and interrupt.is_set():
+                self.stop()
+                return
             if self.process.poll() is not None:
                 raise self._failure(
                     f"tritonserver exited with code {self.process.returncode} before it was ready"

@@ -21,19 +21,56 @@ here, keyed by ``CORRID``:
   request for it without ``START`` is answered with an error saying so.
 
 Parameters (``config.pbtxt``): ``threads`` (intra-op threads of the model's runtime),
-``idle_timeout_s``, ``python_path`` (prepended to ``sys.path`` before ssmcc is imported).
+``idle_timeout_s``, ``python_path``: the exporting interpreter's ``sys.path``, read from the file
+when this module is imported and put first on the stub's path before numpy is imported (the
+stub's interpreter has its own site-packages, whose numpy must not shadow the environment's), with
+the ``.pth`` files of its site directories run (an editable install of ssmcc is such a file, and
+``ssmcc.kernels`` etc. import through it).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import site
 import sys
 import threading
 import time
 
-import numpy as np
-import triton_python_backend_utils as pb_utils
+
+def _use_python_path(python_path: str) -> None:
+    """Put the exporting interpreter's path entries first on ``sys.path`` and run the ``.pth``
+    files of those that are site directories (``site.addsitedir`` leaves an entry already on the
+    path where it is)."""
+    paths = [p for p in python_path.split(os.pathsep) if p]
+    for path in reversed(paths):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    for path in paths:
+        if os.path.isdir(path) and any(name.endswith(".pth") for name in os.listdir(path)):
+            site.addsitedir(path)
+
+
+def _configured_python_path() -> str:
+    """The ``python_path`` parameter of this model's ``config.pbtxt`` (``REPO/<name>/``)."""
+    model_folder = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    config = os.path.join(model_folder, "config.pbtxt")
+    try:
+        with open(config) as f:
+            text = f.read()
+    except OSError:
+        return ""
+    found = re.search(r'key:\s*"python_path"\s*value:\s*\{\s*string_value:\s*"([^"]*)"', text)
+    return found.group(1) if found else ""
+
+
+# Before numpy is imported: the stub's interpreter has its own site-packages, whose numpy (or any
+# other package) must not shadow the one of the environment that exported the repository.
+_use_python_path(_configured_python_path())
+
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
 
 
 def _parameters(config: dict) -> dict[str, str]:
@@ -63,9 +100,6 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         parameters = _parameters(config)
-        for path in reversed(parameters.get("python_path", "").split(os.pathsep)):
-            if path and path not in sys.path:
-                sys.path.insert(0, path)
         import torch
 
         import ssmcc
