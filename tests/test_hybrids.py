@@ -261,3 +261,21 @@ def test_unrouted_experts_are_named_with_what_to_do():
     lower it, and the error says to capture with routing on."""
     with pytest.raises(ssmcc.PassError, match=r"transformers custom op.*route=True"):
         ssmcc.compile(hybrid("granite-hybrid-tiny"), target="torch", route=False)
+
+
+def test_projection_of_width_zero_is_zero_on_every_target():
+    """GraniteMoeHybrid with ``shared_intermediate_size=0`` (a shared MLP of width 0, whose output
+    HF computes as the empty sum, zero): the torch target keeps such a product as ``aten.linear``
+    (its matrix-vector kernel wrote nothing and left the output unwritten: logits off by ~0.5 and
+    different from call to call)."""
+    import transformers
+
+    config_class, model_class, keywords, _ = HYBRIDS["granite-hybrid-tiny"]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_class)(**dict(keywords, shared_intermediate_size=0))
+    model = getattr(transformers, model_class)(config).eval()
+    ids = torch.randint(0, config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+    for target in ("torch", "onnx"):
+        compiled = ssmcc.compile(model, target=target)
+        assert (compiled(ids) - _logits(model, ids)).abs().max() <= TOLERANCE, target
+        assert torch.equal(compiled.generate(ids, 6), _greedy_by_full_forward(model, ids, 6))

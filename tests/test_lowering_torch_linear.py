@@ -41,6 +41,17 @@ def test_gemv_kernel_takes_leading_dims_and_strided_inputs():
     _close(got, torch.nn.functional.linear(x, weight))
 
 
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("rows", [0, 1, 5])
+def test_gemv_kernel_of_no_input_features_is_the_bias(rows, with_bias):
+    """``in_features == 0``: an empty sum, so the bias alone (or zeros), never unwritten memory."""
+    x, weight = torch.randn(2, rows, 0), torch.randn(6, 0)
+    bias = torch.randn(6) if with_bias else None
+    expected = torch.nn.functional.linear(x, weight, bias)
+    for _ in range(3):  # fresh allocations that would hold garbage
+        assert torch.equal(linear_cpu(x, weight, bias), expected)
+
+
 @pytest.mark.parametrize("rows", [1, GEMV_MAX_ROWS + 1, 300])
 def test_dispatch_matches_aten_at_every_size(rows):
     x, weight, bias = torch.randn(1, rows, 48), torch.randn(30, 48), torch.randn(30)

@@ -32,12 +32,20 @@ aten = torch.ops.aten
 
 
 def _float32_attr(module: fx.GraphModule, node, rank: int) -> bool:
+    """A float32 attribute of ``rank`` dims with at least one element (a projection of width 0,
+    such as GraniteMoeHybrid's shared MLP at ``shared_intermediate_size=0``, stays
+    ``aten.linear``, whose empty sum is zero)."""
     if not isinstance(node, fx.Node) or node.op != "get_attr":
         return False
     value = module
     for name in node.target.split("."):
         value = getattr(value, name)
-    return isinstance(value, torch.Tensor) and value.dtype == torch.float32 and value.dim() == rank
+    return (
+        isinstance(value, torch.Tensor)
+        and value.dtype == torch.float32
+        and value.dim() == rank
+        and value.numel() > 0
+    )
 
 
 def linear_cpu(x, weight, bias=None):
