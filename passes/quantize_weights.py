@@ -107,6 +107,8 @@ def _use_kind(user: Node, weight: Node) -> str | None:
 
 def _why_kept(node: Node, tensor: torch.Tensor, scheme: str) -> str | None:
     """Why ``node`` (a float weight read by a linear, an embedding or experts) stays as it is."""
+    if tensor.numel() == 0:
+        return "it has no elements (a projection of width 0): nothing to store"
     kinds = {user: _use_kind(user, node) for user in node.users}
     others = [user for user, kind in kinds.items() if kind is None]
     if others:

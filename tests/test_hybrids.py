@@ -267,7 +267,7 @@ def test_projection_of_width_zero_is_zero_on_every_target():
     """GraniteMoeHybrid with ``shared_intermediate_size=0`` (a shared MLP of width 0, whose output
     HF computes as the empty sum, zero): the torch target keeps such a product as ``aten.linear``
     (its matrix-vector kernel wrote nothing and left the output unwritten: logits off by ~0.5 and
-    different from call to call)."""
+    different from call to call), and int8 keeps the empty weights as they are."""
     import transformers
 
     config_class, model_class, keywords, _ = HYBRIDS["granite-hybrid-tiny"]
@@ -279,3 +279,8 @@ def test_projection_of_width_zero_is_zero_on_every_target():
         compiled = ssmcc.compile(model, target=target)
         assert (compiled(ids) - _logits(model, ids)).abs().max() <= TOLERANCE, target
         assert torch.equal(compiled.generate(ids, 6), _greedy_by_full_forward(model, ids, 6))
+    # int8: the empty weights are kept as they are (quantize_weights failed reshaping them)
+    quantized = ssmcc.compile(model, target="torch", quantize="int8")
+    kept = quantized.report.quantization["kept"]
+    assert sum("shared_mlp" in line and "no elements" in line for line in kept) == 8
+    assert torch.equal(quantized(ids), quantized(ids))
