@@ -3,7 +3,9 @@
 The runtime has already checked the manifest's schema and every file's size and SHA-256, but the
 manifest itself is not hashed: what it says about the states must agree with what the graph files
 (hashed) actually take, or a state shaped after the manifest would reach a runtime that expects
-another. ``check_state_inputs`` compares them and names the first state that differs.
+another. ``check_state_inputs`` compares them and names the first state that differs;
+``check_vocab_size`` compares the manifest's vocabulary with the width of the logits a graph
+returns.
 """
 
 from __future__ import annotations
@@ -35,3 +37,14 @@ def check_state_inputs(path: str, specs: list[StateSpec], inputs: list[tuple]) -
                 f"manifest says {spec.dtype} {['batch', *spec.shape]}: the manifest was edited "
                 "or does not belong to these files"
             )
+
+
+def check_vocab_size(path: str, manifest: dict, logits_width: int | None) -> None:
+    """A language model's graph returns logits as wide as the manifest's ``vocab_size`` (which
+    the runtime checks token ids against and sizes its outputs by)."""
+    vocab = manifest.get("vocab_size")
+    if vocab is not None and logits_width is not None and logits_width != vocab:
+        raise ArtifactError(
+            f"{path} returns logits over {logits_width} tokens, the manifest's vocab_size is "
+            f"{vocab}: the manifest was edited or does not belong to these files"
+        )

@@ -22,7 +22,7 @@ from ssmcc.passes.pipelines import PIPELINES, pipeline
 from ssmcc.passes.program_set import ProgramSet
 from ssmcc.passes.quantize_weights import quantize_weights
 from ssmcc.progress import phase
-from ssmcc.runtime.artifact import read_manifest
+from ssmcc.runtime.artifact import read_artifact
 from ssmcc.runtime.compiled import CompiledModel
 from ssmcc.runtime.quantization_report import (
     fixed_prompts,
@@ -236,12 +236,14 @@ def compile(
 def load(artifact_dir: str, verify: bool = True, **options) -> CompiledModel:
     """Open an artifact written by ``CompiledModel.save`` / ``ssmcc compile``.
 
-    ``verify`` checks every file's SHA-256 against the manifest. Options: ``kernels`` ("auto":
+    Every file the manifest lists is read once, into memory the file cannot change, and checked
+    (``verify``: its SHA-256 too) as it is read; the model computes with those bytes whatever
+    happens to the directory afterwards. Options: ``kernels`` ("auto":
     ssmcc's native kernels where they build here; "reference": the reference / portable path),
     ``chunk_size`` (default: the one the model was compiled with), and the target's own (e.g.
     the ONNX target's ``threads``).
     """
-    manifest = read_manifest(artifact_dir, verify_hashes=verify)
+    manifest, files = read_artifact(artifact_dir, verify_hashes=verify)
     if manifest["target"] not in target_names():
         raise ArtifactError(
             f"{artifact_dir}: target {manifest['target']!r} cannot be loaded by this ssmcc "
@@ -252,9 +254,11 @@ def load(artifact_dir: str, verify: bool = True, **options) -> CompiledModel:
         opts = compile_options(manifest["target"], LOAD, options)
     except OptionError as error:
         raise OptionError(f"ssmcc.load({artifact_dir!r}): {error}") from error
-    executable = get_target(opts.target).module().load(artifact_dir, manifest, opts)
+    executable = get_target(opts.target).module().load(files, manifest, opts)
     info = {
         key: manifest.get(key)
         for key in ("model", "vocab_size", "ssmcc_ops", "static_length", "streaming_refusal")
     }
-    return CompiledModel(executable, opts, info, manifest=manifest, artifact_dir=artifact_dir)
+    return CompiledModel(
+        executable, opts, info, manifest=manifest, artifact_dir=artifact_dir, files=files
+    )

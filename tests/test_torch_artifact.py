@@ -3,6 +3,7 @@ loaded back with prefill/step/generate; the command line's compile and run on it
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -56,12 +57,12 @@ def test_weights_are_stored_once(tmp_path):
     assert programs < 0.2 * weights  # three graphs, no weights in them
 
 
-def test_loaded_model_matches_and_maps_its_weights(saved):
+def test_loaded_model_matches_and_holds_its_verified_weights(saved):
     model, compiled, folder, _ = saved
     loaded = ssmcc.load(folder)
     assert loaded.target == "torch"
-    with open("/proc/self/maps") as maps:  # the weights are a file mapping, not a copy
-        assert os.path.join(os.path.abspath(folder), "weights.safetensors") in maps.read()
+    with open("/proc/self/maps") as maps:  # a copy in memory, not a mapping of the file
+        assert os.path.join(os.path.abspath(folder), "weights.safetensors") not in maps.read()
     ids = torch.randint(0, model.config.vocab_size, (2, 13))
     with torch.no_grad():
         expected = model(ids).logits
@@ -100,7 +101,12 @@ def test_a_program_loads_as_torch_export_loads_it(saved):
 
     path = os.path.join(saved[2], "chunk.pt2")
     before = ShapeEnv.__dict__["_get_sloc"]
-    ours, theirs = load_program(path), torch.export.load(path)
+    with open(path, "rb") as f:
+        ours, extra = load_program(f.read(), path, ("ssmcc_states.json",))
+    theirs = torch.export.load(path)
+    assert [s["name"] for s in json.loads(extra["ssmcc_states.json"])] == [
+        s["name"] for s in saved[3]["states"]
+    ]
     assert ShapeEnv.__dict__["_get_sloc"] is before  # put back after reading
     assert ours.graph_module.code == theirs.graph_module.code
     assert {str(s): (r.lower, r.upper) for s, r in ours.range_constraints.items()} == {
@@ -138,7 +144,7 @@ def test_unreadable_program_is_named(saved, tmp_path):
     folder = shutil.copytree(saved[2], tmp_path / "broken")
     path = folder / "step.pt2"
     path.write_bytes(b"\0" * path.stat().st_size)
-    loaded_error = r"step\.pt2 is not a torch\.export archive"
+    loaded_error = r"step\.pt2 is not a readable torch\.export archive"
     with pytest.raises(ArtifactError, match=loaded_error):
         ssmcc.load(str(folder), verify=False)
 

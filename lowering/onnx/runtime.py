@@ -31,26 +31,35 @@ def custom_op_library(kernels: str) -> str | None:
     return build_ort_library()
 
 
-class SharedWeights:
-    """One read-only memory map of a weights file, and one ``OrtValue`` per stored tensor over
-    it, handed to every session of a model (``SessionOptions.add_initializer``: ONNX Runtime uses
-    the caller's buffer as it is). Pages are read from the file when a kernel first touches
-    them, and are the file's: one copy in memory however many sessions read them."""
+def external_locations(model: onnx.ModelProto) -> set[str]:
+    """The files a model's initializers read external data from."""
+    return {
+        info.get("location", "")
+        for tensor in model.graph.initializer
+        if tensor.data_location == onnx.TensorProto.EXTERNAL
+        for info in [{entry.key: entry.value for entry in tensor.external_data}]
+    }
 
-    def __init__(self, path: str):
-        self.path = path
-        self._map = None
+
+class SharedWeights:
+    """One read-only uint8 array holding a weights file (a loaded artifact's verified copy, or a
+    compile's private file mapped), and one ``OrtValue`` per stored tensor over it, handed to
+    every session of a model (``SessionOptions.add_initializer``: ONNX Runtime uses the caller's
+    buffer as it is): one copy in memory however many sessions read them."""
+
+    def __init__(self, name: str, data: np.ndarray):
+        self.name = name
+        self.data = data
         self._values: dict[tuple, ort.OrtValue] = {}
 
-    def initializers(self, graph_path: str) -> list[tuple[str, ort.OrtValue]]:
-        """(name, value) for every initializer of the graph file stored in this weights file."""
-        model = onnx.load(graph_path, load_external_data=False)
+    def initializers(self, model: onnx.ModelProto) -> list[tuple[str, ort.OrtValue]]:
+        """(name, value) for every initializer of the graph stored in this weights file."""
         found = []
         for tensor in model.graph.initializer:
             if tensor.data_location != onnx.TensorProto.EXTERNAL:
                 continue
             info = {entry.key: entry.value for entry in tensor.external_data}
-            if os.path.basename(info.get("location", "")) != os.path.basename(self.path):
+            if info.get("location", "") != self.name:
                 continue
             key = (
                 int(info.get("offset", 0)),
@@ -64,24 +73,25 @@ class SharedWeights:
         return found
 
     def _value(self, offset: int, length: int, data_type: int, dims: tuple) -> ort.OrtValue:
-        if self._map is None:
-            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
-        view = self._map[offset : offset + length].view(_VIEWS[data_type]).reshape(dims)
+        view = self.data[offset : offset + length].view(_VIEWS[data_type]).reshape(dims)
         return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(view, data_type)
 
 
 def make_session(
-    path: str,
+    model: str | os.PathLike | bytes,
     kernels: str = "auto",
     threads: int | None = None,
     weights: SharedWeights | None = None,
+    external: dict[str, np.ndarray] | None = None,
 ):
-    """An ORT CPU session for ``path``. With the ssmcc custom-op library registered its kernels
-    run the ssmcc nodes; without it ORT inlines the portable function bodies. With ``weights``
-    the session reads its stored initializers from that shared map and packs none of them, and
-    runs its nodes in priority order (ONNX Runtime's default order runs every node that reads
-    only initializers first: every ``Widen`` output of a 16-bit prefill graph alive at once, 2.5x
-    the weights of mamba-130m bf16)."""
+    """An ORT CPU session for ``model``: a path (ONNX Runtime reads it and its external data
+    from disk) or the model's bytes, whose external data files ``external`` holds in memory
+    (name -> uint8 array; ONNX Runtime never opens a file). With the ssmcc custom-op library
+    registered its kernels run the ssmcc nodes; without it ORT inlines the portable function
+    bodies. With ``weights`` the session reads its stored initializers from that shared array
+    and packs none of them, and runs its nodes in priority order (ONNX Runtime's default order
+    runs every node that reads only initializers first: every ``Widen`` output of a 16-bit
+    prefill graph alive at once, 2.5x the weights of mamba-130m bf16)."""
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
@@ -89,13 +99,22 @@ def make_session(
     library = custom_op_library(kernels)
     if library is not None:
         options.register_custom_ops_library(library)
+    if external:
+        names = sorted(external)
+        options.add_external_initializers_from_files_in_memory(
+            names, [external[n] for n in names], [external[n].nbytes for n in names]
+        )
     if weights is not None:
-        for name, value in weights.initializers(os.fspath(path)):
+        proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(
+            os.fspath(model), load_external_data=False
+        )
+        for name, value in weights.initializers(proto):
             options.add_initializer(name, value)
         options.add_session_config_entry("session.disable_prepacking", "1")
         # run each weight's Widen just before its product, not all of them first
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    session = ort.InferenceSession(os.fspath(path), options, providers=["CPUExecutionProvider"])
+    source = model if isinstance(model, bytes) else os.fspath(model)
+    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     session.ssmcc_kernels = "ssmcc ORT library" if library else "portable function bodies"
     session.ssmcc_shared_weights = weights
     return session

@@ -5,11 +5,13 @@ Its form of a ``ProgramSet`` is a set of ONNX files sharing one weights file:
 the last position's logits only: what chunked prefill and ``generate`` run), ``step.onnx`` (one
 token + states -> last logits + next states) and ``weights.bin`` (every initializer stored once,
 by content). A model that does not stream has ``forward.onnx`` (its own inputs and outputs)
-instead. ONNX Runtime sessions open on first use of a graph. In the ``onnx_functions="keep"``
-artifact every float32 product reads its weight in place (``weights_in_place.py``; the graph
-entry says ``"weights_in_place": true``): its sessions share one memory map of ``weights.bin``
-and pack nothing, so the model holds its weights once. Any other graph's session holds its own
-copy.
+instead. ONNX Runtime sessions open on first use of a graph, from the graph's bytes and with its
+external data handed over from memory: a loaded artifact's verified copy
+(``ssmcc.artifact_files``), so nothing done to the directory after ``load`` changes what runs. In
+the ``onnx_functions="keep"`` artifact every float32 product reads its weight in place
+(``weights_in_place.py``; the graph entry says ``"weights_in_place": true``): its sessions share
+that one copy of ``weights.bin`` and pack nothing, so the model holds its weights once. Any other
+graph's session holds its own copy.
 
 Compiling writes these files to a private working directory (ONNX Runtime reads external weights
 from files) that lives as long as the compiled model; ``save`` copies them into the artifact.
@@ -31,9 +33,10 @@ import onnx.inliner
 import torch
 from onnx import numpy_helper
 
+from ssmcc.artifact_files import FolderFiles
 from ssmcc.errors import ArtifactError, LoweringError
 from ssmcc.file_pages import release_file_pages
-from ssmcc.lowering.artifact_checks import check_state_inputs
+from ssmcc.lowering.artifact_checks import check_state_inputs, check_vocab_size
 from ssmcc.lowering.onnx.graph_edits import remove_dead_nodes
 from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
 from ssmcc.lowering.onnx.weights_in_place import read_weights_in_place
@@ -209,10 +212,13 @@ def _exported_models(programs: ProgramSet, take_weights, runtime_nodes: bool = T
 
 
 class OnnxExecutable:
-    """ONNX Runtime sessions over the graph files in ``folder``, each opened on first use."""
+    """ONNX Runtime sessions over the model's files (``ssmcc.artifact_files``: a loaded
+    artifact's verified copy in memory, or a compile's private folder), each opened on first
+    use from the graph's bytes, its external data handed over from memory."""
 
-    def __init__(self, folder: str, graphs: dict, specs: list[StateSpec], kernels, threads):
-        self.folder = folder
+    def __init__(self, files, graphs: dict, specs: list[StateSpec], kernels, threads):
+        self.model_files = files
+        self.folder = files.folder
         self.graph_entries = graphs
         self.specs = specs
         self.kernels = kernels
@@ -224,23 +230,31 @@ class OnnxExecutable:
     def graphs(self) -> tuple[str, ...]:
         return tuple(self.graph_entries)
 
+    def _open(self, graph: str):
+        from ssmcc.lowering.onnx.runtime import SharedWeights, external_locations, make_session
+
+        entry = self.graph_entries[graph]
+        data = bytes(self.model_files.data(entry["file"]))
+        external = {
+            name: self.model_files.array(name)
+            for name in external_locations(onnx.load_from_string(data))
+        }
+        weights = None
+        if entry.get("weights_in_place") and WEIGHTS_FILE in external:
+            if self._weights is None:
+                self._weights = SharedWeights(WEIGHTS_FILE, external[WEIGHTS_FILE])
+            weights = self._weights
+        return make_session(data, self.kernels, self.threads, weights, external)
+
     def session(self, graph: str):
         if graph not in self._sessions:
-            from ssmcc.lowering.onnx.runtime import SharedWeights, make_session
-
-            entry = self.graph_entries[graph]
-            path = os.path.join(self.folder, entry["file"])
-            weights = None
-            if entry.get("weights_in_place") and os.path.exists(self._weights_path):
-                if self._weights is None:
-                    self._weights = SharedWeights(self._weights_path)
-                weights = self._weights
             try:
-                self._sessions[graph] = make_session(path, self.kernels, self.threads, weights)
+                self._sessions[graph] = self._open(graph)
             except Exception as error:  # onnxruntime's own exception types
                 first = str(error).strip().splitlines()[0]
+                where = self.model_files.where(self.graph_entries[graph]["file"])
                 raise ArtifactError(
-                    f"{path} could not be loaded by onnxruntime: {first}"
+                    f"{where} could not be loaded by onnxruntime: {first}"
                 ) from error
         return self._sessions[graph]
 
@@ -256,19 +270,14 @@ class OnnxExecutable:
             feed[entry["name"]] = np.ascontiguousarray(array)
         return [torch.from_numpy(o) for o in self.session(graph).run(None, feed)]
 
-    @property
-    def _weights_path(self) -> str:
-        return os.path.join(self.folder, WEIGHTS_FILE)
-
     def file_paths(self) -> dict[str, str]:
-        """Every file of this model (what ``save`` copies), by name."""
+        """Every file of a compiled (not loaded) model, by name: its private folder's."""
         return {name: os.path.join(self.folder, name) for name in self.files}
 
     @property
     def files(self) -> list[str]:
         names = [entry["file"] for entry in self.graph_entries.values()]
-        weights = os.path.join(self.folder, WEIGHTS_FILE)
-        return names + ([WEIGHTS_FILE] if os.path.exists(weights) else [])
+        return names + ([WEIGHTS_FILE] if self.model_files.has(WEIGHTS_FILE) else [])
 
 
 def _versions() -> dict[str, str]:
@@ -338,7 +347,7 @@ def lower(programs: ProgramSet, options) -> OnnxExecutable:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     executable = OnnxExecutable(
-        workdir, graphs, programs.specs, options.kernels, options["threads"]
+        FolderFiles(workdir), graphs, programs.specs, options.kernels, options["threads"]
     )
     weakref.finalize(executable, shutil.rmtree, workdir, True)
     return executable
@@ -346,7 +355,7 @@ def lower(programs: ProgramSet, options) -> OnnxExecutable:
 
 def save(executable: OnnxExecutable, folder: str) -> dict:
     for name in executable.files:
-        shutil.copy2(os.path.join(executable.folder, name), os.path.join(folder, name))
+        executable.model_files.copy_to(name, os.path.join(folder, name))
     return {
         "graphs": executable.graph_entries,
         "opset": _opsets(executable),
@@ -361,7 +370,7 @@ def _opsets(executable: OnnxExecutable) -> dict[str, int]:
 
     found = {"": OPSET, DOMAIN: VERSION}
     for entry in executable.graph_entries.values():
-        proto = onnx.load(os.path.join(executable.folder, entry["file"]), load_external_data=False)
+        proto = onnx.load_from_string(bytes(executable.model_files.data(entry["file"])))
         for opset in proto.opset_import:
             domain = "" if opset.domain == "ai.onnx" else opset.domain
             found[domain] = max(found.get(domain, 0), opset.version)
@@ -382,23 +391,25 @@ def _tensors(graph: onnx.GraphProto):
                 yield from _tensors(sub)
 
 
-def _check_graph_file(path: str, files: dict, specs: list[StateSpec], streaming: bool) -> list:
+def check_graph_file(files, name: str, manifest: dict, specs: list[StateSpec]) -> list:
     """The graph's inputs (as ``_describe_values``), after checking that it reads external data
-    only from the artifact's own files and that its state inputs are the manifest's states."""
+    only from the artifact's own files, that its state inputs are the manifest's states and its
+    logits as wide as the manifest's vocabulary."""
+    where = files.where(name)
     try:
-        model = onnx.load(path, load_external_data=False)
+        model = onnx.load_from_string(bytes(files.data(name)))
     except Exception as error:  # protobuf's own exception types
-        raise ArtifactError(f"{path} is not a readable ONNX model: {error}") from error
+        raise ArtifactError(f"{where} is not a readable ONNX model: {error}") from error
     for tensor in _tensors(model.graph):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         location = {entry.key: entry.value for entry in tensor.external_data}.get("location")
-        if location not in files:
+        if location not in manifest["files"] or location == name:
             raise ArtifactError(
-                f"{path}: tensor {tensor.name!r} reads external data from {location!r}, which is "
-                "not one of the artifact's listed files"
+                f"{where}: tensor {tensor.name!r} reads external data from {location!r}, which "
+                "is not one of the artifact's listed weight files"
             )
-    if streaming:
+    if manifest["streaming"]:
         inputs = [
             (
                 value.name,
@@ -408,18 +419,22 @@ def _check_graph_file(path: str, files: dict, specs: list[StateSpec], streaming:
             for value in model.graph.input[1:]
             for dims in [value.type.tensor_type.shape.dim]
         ]
-        check_state_inputs(path, specs, inputs)
+        check_state_inputs(where, specs, inputs)
+    if manifest["vocab_size"] is not None and model.graph.output:
+        dims = model.graph.output[0].type.tensor_type.shape.dim
+        fixed = len(dims) > 0 and dims[len(dims) - 1].HasField("dim_value")
+        check_vocab_size(where, manifest, dims[len(dims) - 1].dim_value if fixed else None)
     return _describe_values(model.graph.input)
 
 
-def load(folder: str, manifest: dict, options) -> OnnxExecutable:
+def load(files, manifest: dict, options) -> OnnxExecutable:
+    """The executable of a verified artifact (``files``: ``ssmcc.artifact_files``)."""
     specs = [StateSpec.from_dict(s) for s in manifest["states"]]
     graphs = {}
     for name, entry in manifest["graphs"].items():
-        path = os.path.join(folder, entry["file"])
-        inputs = _check_graph_file(path, manifest["files"], specs, manifest["streaming"])
+        inputs = check_graph_file(files, entry["file"], manifest, specs)
         graphs[name] = {**entry, "inputs": inputs}  # what the file takes, not what is said of it
-    return OnnxExecutable(folder, graphs, specs, options.kernels, options["threads"])
+    return OnnxExecutable(files, graphs, specs, options.kernels, options["threads"])
 
 
 def native_ops() -> dict[str, str]:

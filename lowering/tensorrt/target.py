@@ -15,9 +15,14 @@ max of every input, from the dynamic dims and the options) and the engine-build 
 plugins themselves (``plugins.py``) and the builder (``engines.py``, ``ssmcc trt-build``) are code
 of the installed package.
 
-Running needs TensorRT and a CUDA GPU: where ``tensorrt`` imports, the first run builds the
-engines into the model's folder and runs them (``engines.EngineRunner``); elsewhere it fails with
-one message saying what is missing and how to build the engines on a machine that has it.
+Loading checks what the manifest says against the files (``plugin_kernels.json`` names only listed
+PTX, every graph's states and logits agree with the manifest) from the artifact's verified copy in
+memory (``ssmcc.artifact_files``). Running needs TensorRT and a CUDA GPU: where ``tensorrt``
+imports, the first run writes that verified copy into a private folder, builds the engines there
+and runs them (``engines.EngineRunner``): never from the artifact's directory, whose unlisted
+files (an ``.engine`` that ``ssmcc trt-build`` left there) nothing has verified. Elsewhere it
+fails with one message saying what is missing and how to build the engines on a machine that has
+it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import weakref
 
 import onnx
 
+from ssmcc.artifact_files import FolderFiles
+from ssmcc.bounded_json import loads_bounded
 from ssmcc.errors import ArtifactError, LoweringError, OptionError
 from ssmcc.lowering.onnx import target as onnx_target
 from ssmcc.lowering.tensorrt.graphs import bind_plugins
@@ -111,10 +118,11 @@ def trtexec_line(folder: str, graph: str, profile: dict) -> str:
 
 
 class TensorRTExecutable:
-    """The artifact's files in ``folder``; engines built and run where TensorRT is."""
+    """The model's files (``ssmcc.artifact_files``); engines built and run where TensorRT is."""
 
-    def __init__(self, folder: str, graphs: dict, specs, kernels: dict, shape_profiles: dict):
-        self.folder = folder
+    def __init__(self, files, graphs: dict, specs, kernels: dict, shape_profiles: dict):
+        self.model_files = files
+        self.folder = files.folder
         self.graph_entries = graphs
         self.specs = specs
         self.kernels = kernels  # plugin_kernels.json
@@ -129,16 +137,32 @@ class TensorRTExecutable:
         if self._runner is None:
             missing = tensorrt_missing()
             if missing is not None:
+                build = "on a machine with TensorRT and a GPU run `ssmcc trt-build"
+                if isinstance(self.model_files, FolderFiles):  # compiled, not saved yet
+                    save = "save it (CompiledModel.save / ssmcc compile --out DIR), then"
+                    build = f"{save} {build} DIR`"
+                else:
+                    build = f"{build} {self.folder}`"
                 raise OptionError(
                     f"target 'tensorrt' runs on TensorRT, and {missing}. The artifact is "
-                    f"complete: save it (CompiledModel.save / ssmcc compile --out DIR), then on a "
-                    f"machine with TensorRT and a GPU run `ssmcc trt-build DIR` to build and check "
-                    f"the engines ({INSTALL_HINT}); here, use target 'onnx' or 'torch'"
+                    f"complete: {build} to build and check the engines ({INSTALL_HINT}); here, "
+                    "use target 'onnx' or 'torch'"
                 )
             from ssmcc.lowering.tensorrt.engines import EngineRunner
 
-            self._runner = EngineRunner(self.folder, self.graph_entries, self.profiles)
+            self._runner = EngineRunner(self._private_folder(), self.graph_entries, self.profiles)
         return self._runner.run(graph, *inputs)
+
+    def _private_folder(self) -> str:
+        """A folder only this process wrote that holds the model's files: the compile's own, or
+        for a loaded artifact its verified copy written out (removed with the executable)."""
+        if isinstance(self.model_files, FolderFiles):
+            return self.folder
+        folder = tempfile.mkdtemp(prefix="ssmcc-tensorrt-")
+        weakref.finalize(self, shutil.rmtree, folder, True)
+        for name in self.files:
+            self.model_files.copy_to(name, os.path.join(folder, name))
+        return folder
 
     @property
     def files(self) -> list[str]:
@@ -173,7 +197,11 @@ def lower(programs: ProgramSet, options) -> TensorRTExecutable:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     executable = TensorRTExecutable(
-        workdir, graphs, programs.specs, kernels, profiles(graphs, options, options.chunk_size)
+        FolderFiles(workdir),
+        graphs,
+        programs.specs,
+        kernels,
+        profiles(graphs, options, options.chunk_size),
     )
     weakref.finalize(executable, shutil.rmtree, workdir, True)
     return executable
@@ -181,7 +209,7 @@ def lower(programs: ProgramSet, options) -> TensorRTExecutable:
 
 def save(executable: TensorRTExecutable, folder: str) -> dict:
     for name in executable.files:
-        shutil.copy2(os.path.join(executable.folder, name), os.path.join(folder, name))
+        executable.model_files.copy_to(name, os.path.join(folder, name))
     return {
         "graphs": executable.graph_entries,
         "plugins": {
@@ -201,21 +229,49 @@ def save(executable: TensorRTExecutable, folder: str) -> dict:
     }
 
 
-def load(folder: str, manifest: dict, options) -> TensorRTExecutable:
-    import json
-
-    specs = [StateSpec.from_dict(s) for s in manifest["states"]]
-    listed = manifest["files"]
-    with open(os.path.join(folder, KERNELS_FILE)) as f:
-        kernels = json.load(f)
-    missing = [e["ptx"] for e in kernels["kernels"] if e["ptx"] not in listed]
+def _kernels_table(files, listed: dict) -> dict:
+    """``plugin_kernels.json`` from the verified files, every binary it names a listed file."""
+    where = files.where(KERNELS_FILE)
+    if KERNELS_FILE not in listed:
+        raise ArtifactError(
+            f"{files.folder}: a tensorrt artifact lists {KERNELS_FILE}, this manifest does not "
+            "(was its target edited? compile with --target tensorrt)"
+        )
+    kernels = loads_bounded(files.data(KERNELS_FILE), where)
+    entries = kernels.get("kernels") if isinstance(kernels, dict) else None
+    fields = ("ptx", "specialization", "arch")
+    if not isinstance(entries, list) or not all(
+        isinstance(e, dict) and all(isinstance(e.get(f), str) for f in fields) for e in entries
+    ):
+        raise ArtifactError(
+            f"{where} must hold {{'kernels': [{{'ptx', 'specialization', 'arch', ...}}]}}: it was "
+            "not written by ssmcc or was changed"
+        )
+    missing = [e["ptx"] for e in entries if e["ptx"] not in listed]
     if missing:
-        raise ArtifactError(f"{folder}: {KERNELS_FILE} names PTX the manifest does not list: "
-                            f"{missing[:3]}")
-    for entry in manifest["graphs"].values():
-        if entry["file"] not in listed:
-            raise ArtifactError(f"{folder}: graph file {entry['file']} is not listed")
-    return TensorRTExecutable(folder, manifest["graphs"], specs, kernels, manifest["profiles"])
+        raise ArtifactError(
+            f"{where} names PTX the manifest does not list: {missing[:3]}"
+        )
+    return kernels
+
+
+def load(files, manifest: dict, options) -> TensorRTExecutable:
+    """The executable of a verified artifact (``files``: ``ssmcc.artifact_files``)."""
+    for key in ("plugins", "profiles"):
+        if not isinstance(manifest.get(key), dict):
+            raise ArtifactError(
+                f"{files.folder}: a tensorrt artifact's manifest has a {key!r} object, this one "
+                "has not (was its target edited? compile with --target tensorrt)"
+            )
+    kernels = _kernels_table(files, manifest["files"])
+    specs = [StateSpec.from_dict(s) for s in manifest["states"]]
+    graphs = {}
+    for name, entry in manifest["graphs"].items():
+        inputs = onnx_target.check_graph_file(files, entry["file"], manifest, specs)
+        if not isinstance(manifest["profiles"].get(name), dict):
+            raise ArtifactError(f"{files.folder}: the manifest has no profile for graph {name}")
+        graphs[name] = {**entry, "inputs": inputs}
+    return TensorRTExecutable(files, graphs, specs, kernels, manifest["profiles"])
 
 
 # ops the ONNX lowering writes as standard ONNX ops, which TensorRT's parser imports as layers

@@ -19,6 +19,7 @@ ordinary way.
 from __future__ import annotations
 
 import contextlib
+import io
 import threading
 
 import torch
@@ -49,7 +50,12 @@ def _source_locations_named(path: str):
             shape_env._get_sloc = original
 
 
-def load_program(path: str) -> ExportedProgram:
-    """``torch.export.load(path)``; ranges' source locations name ``path`` (see the module doc)."""
-    with _source_locations_named(path):
-        return torch.export.load(path)
+def load_program(
+    data: bytes | memoryview, where: str, extra_files: tuple[str, ...] = ()
+) -> tuple[ExportedProgram, dict[str, str]]:
+    """``torch.export.load`` of the archive bytes ``data`` (ranges' source locations name
+    ``where``, see the module doc) and the archive's ``extra_files`` (absent ones ``""``)."""
+    extra = dict.fromkeys(extra_files, "")
+    with _source_locations_named(where):
+        program = torch.export.load(io.BytesIO(bytes(data)), extra_files=extra)
+    return program, extra

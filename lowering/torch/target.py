@@ -6,23 +6,31 @@ only called never pays for them. With the C++ kernels, ``run("step", ...)`` goes
 replay (``replay.py``): the step's kernel calls recorded once per input layout, then run in one C
 call per token.
 
-Artifact: ``weights.safetensors`` (every weight once, memory-mapped on load and shared by all
-programs), one ``<graph>.pt2`` per program with its weights stripped (``torch.export.save`` of the
-graph and signature), and the manifest. A streaming model stores prefill, chunk and step (its
-full-sequence call runs prefill from zero states); a plain module stores forward.
+Artifact: ``weights.safetensors`` (every weight once, shared by all programs), one
+``<graph>.pt2`` per program with its weights stripped (``torch.export.save`` of the graph and
+signature, plus ``extra/ssmcc_states.json``: the states it takes, in order), and the manifest. A
+streaming model stores prefill, chunk and step (its full-sequence call runs prefill from zero
+states); a plain module stores forward.
+
+Loading reads everything from the artifact's verified copy in memory (``ssmcc.artifact_files``):
+each archive passes ``check_archive``'s allow-list before torch reads it, the weights file's
+header is checked against its bytes, every weight against the shape and dtype its program was
+saved with, and the manifest's states and vocabulary against what the programs take and return.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
 import torch
 
+from ssmcc.bounded_json import loads_bounded
 from ssmcc.errors import ArtifactError, PassError
 from ssmcc.frontend.report import ssmcc_op_counts
 from ssmcc.kernels.cpu import native
-from ssmcc.lowering.artifact_checks import check_state_inputs
+from ssmcc.lowering.artifact_checks import check_state_inputs, check_vocab_size
 from ssmcc.lowering.torch.archive_check import check_archive
 from ssmcc.lowering.torch.lower import TORCH_TABLE, lower_to_torch
 from ssmcc.lowering.torch.program_load import load_program
@@ -39,6 +47,7 @@ from ssmcc.passes.program_set import STATEFUL_GRAPHS, ProgramSet
 from ssmcc.passes.verifier import verify_program
 
 WEIGHTS_FILE = "weights.safetensors"
+STATES_FILE = "ssmcc_states.json"  # in each archive's extra/: the states its program takes
 
 
 class TorchExecutable:
@@ -121,7 +130,12 @@ def save(executable: TorchExecutable, folder: str) -> dict:
     graphs = {}
     for name, program in programs.items():
         file = f"{name}.pt2"
-        torch.export.save(strip_weights(program), os.path.join(folder, file))
+        states = executable.specs if name in STATEFUL_GRAPHS else []
+        torch.export.save(
+            strip_weights(program),
+            os.path.join(folder, file),
+            extra_files={STATES_FILE: json.dumps([s.to_dict() for s in states])},
+        )
         graphs[name] = {
             "file": file,
             "inputs": _describe_inputs(program),
@@ -148,39 +162,93 @@ def _state_inputs(program) -> list[tuple]:
     ]
 
 
-def load(folder: str, manifest: dict, options) -> TorchExecutable:
+def _logits_width(program) -> int | None:
+    """The last dim of the program's first output (a language model's logits), if fixed."""
+    output = next(n for n in program.graph.nodes if n.op == "output")
+    first = output.args[0][0] if output.args and output.args[0] else None
+    value = getattr(first, "meta", {}).get("val")
+    if value is None or not value.shape or not isinstance(value.shape[-1], int):
+        return None
+    return int(value.shape[-1])
+
+
+def _described(entry) -> str:
+    """A state entry as ``float32 ['batch', 128, 16] (ssm_state)``."""
+    if not isinstance(entry, dict):
+        return repr(entry)
+    grows = f", growing along {entry.get('grows')}" if entry.get("grows") else ""
+    return f"{entry.get('dtype')} {entry.get('shape')} ({entry.get('kind')}{grows})"
+
+
+def _check_saved_states(where: str, saved: str, specs: list[StateSpec]) -> None:
+    """The manifest's states are exactly those the program archive records, in order."""
+    if not saved:
+        raise ArtifactError(
+            f"{where} records no state list (written by an older ssmcc): compile the model again"
+        )
+    recorded = loads_bounded(saved, f"{where}: extra/{STATES_FILE}")
+    expected = [s.to_dict() for s in specs]
+    if not isinstance(recorded, list) or len(recorded) != len(expected):
+        count = len(recorded) if isinstance(recorded, list) else "no list of"
+        raise ArtifactError(
+            f"{where} takes {count} states, the manifest lists {len(expected)}: the manifest was "
+            "edited or does not belong to these files"
+        )
+    for index, (theirs, ours) in enumerate(zip(recorded, expected, strict=True)):
+        if theirs != ours:
+            name = theirs.get("name") if isinstance(theirs, dict) else index
+            raise ArtifactError(
+                f"{where}: state {name} is {_described(theirs)} in the program (state input "
+                f"{index + 1}), the manifest says {ours['name']} {_described(ours)}: the "
+                "manifest was edited or does not belong to these files"
+            )
+
+
+def _load_graph(files, name: str, entry: dict, stored: dict, specs: list[StateSpec]):
+    where = files.where(entry["file"])
+    data = files.data(entry["file"])
+    check_archive(data, where)
+    try:
+        program, extra = load_program(data, where, (STATES_FILE,))
+    except Exception as error:  # torch's own exception types
+        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ArtifactError(
+            f"{where} could not be read by torch.export.load: {type(error).__name__}: {text}"
+        ) from error
+    _check_saved_states(where, extra[STATES_FILE], specs if name in STATEFUL_GRAPHS else [])
+    weights = entry.get("weights")
+    if not isinstance(weights, dict) or not all(isinstance(v, str) for v in weights.values()):
+        raise ArtifactError(f"{where}: graphs[{name!r}].weights must map weight names")
+    try:
+        bind_weights(program, {key: stored[s] for key, s in weights.items()}, where)
+    except KeyError as error:
+        raise ArtifactError(
+            f"{where} reads the weight {error.args[0]!r}, which {WEIGHTS_FILE} does not hold"
+        ) from error
+    try:
+        verify_program(program, after=f"loading {where}")
+    except PassError as error:
+        raise ArtifactError(f"{where} is not a valid ssmcc program: {error}") from error
+    if name in STATEFUL_GRAPHS:
+        check_state_inputs(where, specs, _state_inputs(program))
+    return program
+
+
+def load(files, manifest: dict, options) -> TorchExecutable:
+    """The executable of a verified artifact (``files``: ``ssmcc.artifact_files``)."""
     weights_file = manifest.get("weights")
     if weights_file not in manifest["files"]:
-        raise ArtifactError(f"{folder}: the manifest names no weights file among its files")
-    stored = read_weights(os.path.join(folder, weights_file))
+        raise ArtifactError(
+            f"{files.folder}: the manifest names no weights file among its files (a torch "
+            f"artifact has {WEIGHTS_FILE})"
+        )
+    stored = read_weights(files.buffer(weights_file), files.where(weights_file))
     specs = [StateSpec.from_dict(s) for s in manifest["states"]]
     programs = {}
     for name, entry in manifest["graphs"].items():
-        path = os.path.join(folder, entry["file"])
-        check_archive(path)
-        try:
-            program = load_program(path)
-        except Exception as error:  # torch's own exception types
-            text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            raise ArtifactError(
-                f"{path} could not be read by torch.export.load: {type(error).__name__}: {text}"
-            ) from error
-        weights = entry.get("weights")
-        if not isinstance(weights, dict):
-            raise ArtifactError(f"{folder}: graphs[{name!r}].weights must map weight names")
-        try:
-            bind_weights(program, {key: stored[s] for key, s in weights.items()})
-        except KeyError as error:
-            raise ArtifactError(
-                f"{path} reads the weight {error.args[0]!r}, which {weights_file} does not hold"
-            ) from error
-        try:
-            verify_program(program, after=f"loading {path}")
-        except PassError as error:
-            raise ArtifactError(f"{path} is not a valid ssmcc program: {error}") from error
-        if name in STATEFUL_GRAPHS:
-            check_state_inputs(path, specs, _state_inputs(program))
-        programs[name] = program
+        programs[name] = program = _load_graph(files, name, entry, stored, specs)
+        if manifest["vocab_size"] is not None:
+            check_vocab_size(files.where(entry["file"]), manifest, _logits_width(program))
     restored = ProgramSet.restored(
         programs, specs, manifest.get("streaming_refusal"), manifest.get("vocab_size") is not None
     )

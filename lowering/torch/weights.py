@@ -4,9 +4,11 @@
 are meta tensors (so ``torch.export.save`` writes the graph and signature only) and its tensors by
 key. ``write_weights`` stores the tensors of every program in one safetensors file, each distinct
 content once (the prefill, chunk and step programs share their weights; tied weights stay tied),
-and returns, per program, which stored tensor each of its keys reads. ``read_weights`` maps the
-file with ``mmap`` (copy-on-write) and returns tensors that view the mapped pages: opening an
-artifact reads no weight until a kernel touches it, and processes sharing the file share pages.
+and returns, per program, which stored tensor each of its keys reads. ``read_weights`` returns
+tensors that view a buffer holding the file (the loaded artifact's verified copy in memory,
+``ssmcc.artifact_files``), after checking the header against the buffer: every entry's dtype,
+shape and byte range must fit, or the error names the entry. ``bind_weights`` checks that each
+tensor has the shape and dtype the program was saved with.
 
 safetensors layout: 8-byte little-endian header length, a JSON header
 ``{name: {"dtype", "shape", "data_offsets": [begin, end]}}`` (offsets relative to the end of the
@@ -17,12 +19,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 import struct
 
 import torch
 from torch.export import ExportedProgram
 
+from ssmcc.bounded_json import loads_bounded
 from ssmcc.errors import ArtifactError
 from ssmcc.file_pages import release_file_pages
 
@@ -81,10 +83,22 @@ def strip_weights(program: ExportedProgram) -> ExportedProgram:
     )
 
 
-def bind_weights(program: ExportedProgram, tensors: dict[str, torch.Tensor]) -> None:
-    """Put ``tensors`` (by key) back into a program read with its weights stripped."""
-    for key, value in list(program.state_dict.items()):
+def bind_weights(program: ExportedProgram, tensors: dict[str, torch.Tensor], where: str) -> None:
+    """Put ``tensors`` (by key) back into a program read with its weights stripped; each must
+    have the shape and dtype the program was saved with (``ArtifactError`` naming it)."""
+
+    def checked(key, saved):
         real = tensors[key]
+        if real.shape != saved.shape or real.dtype != saved.dtype:
+            raise ArtifactError(
+                f"{where}: weight {key} is {str(real.dtype).removeprefix('torch.')} "
+                f"{list(real.shape)} in the weights file, the program was saved with "
+                f"{str(saved.dtype).removeprefix('torch.')} {list(saved.shape)}"
+            )
+        return real
+
+    for key, value in list(program.state_dict.items()):
+        real = checked(key, value)
         program.state_dict[key] = (
             torch.nn.Parameter(real, requires_grad=False)
             if isinstance(value, torch.nn.Parameter)
@@ -92,7 +106,7 @@ def bind_weights(program: ExportedProgram, tensors: dict[str, torch.Tensor]) -> 
         )
     for key, value in list(program.constants.items()):
         if isinstance(value, torch.Tensor):
-            program.constants[key] = tensors[key]
+            program.constants[key] = checked(key, value)
 
 
 def write_weights(path: str, programs: dict[str, ExportedProgram]) -> dict[str, dict[str, str]]:
@@ -138,26 +152,63 @@ def write_weights(path: str, programs: dict[str, ExportedProgram]) -> dict[str, 
     return index
 
 
-def read_weights(path: str) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file, viewing its pages through a private ``mmap``."""
-    with open(path, "rb") as f:
-        try:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-        except (struct.error, json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ArtifactError(f"{path} is not a safetensors file: {error}") from error
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if length else None
+def _entry(name, entry, data_bytes: int, where: str) -> tuple[torch.dtype, list[int], int, int]:
+    """(dtype, shape, begin, end) of a header entry, after checking that it fits the file."""
+
+    def bad(what: str):
+        return ArtifactError(
+            f"{where}: tensor {name!r} {what}: the file was not written by ssmcc or was changed"
+        )
+
+    if not isinstance(entry, dict) or entry.get("dtype") not in _TORCH_DTYPES:
+        raise bad(f"has no dtype ssmcc writes ({', '.join(_TORCH_DTYPES)})")
+    dtype = _TORCH_DTYPES[entry["dtype"]]
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+
+    def integers(value, count=None) -> bool:
+        return (
+            isinstance(value, list)
+            and (count is None or len(value) == count)
+            and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
+        )
+
+    if not integers(shape):
+        raise bad(f"has shape {shape!r}, not a list of sizes")
+    if not integers(offsets, 2) or offsets[0] > offsets[1] or offsets[1] > data_bytes:
+        raise bad(f"has byte range {offsets!r} outside the file's {data_bytes} data bytes")
+    size = torch.empty((), dtype=dtype).element_size()
+    count = 1
+    for dim in shape:
+        count *= dim
+    if offsets[1] - offsets[0] != count * size or offsets[0] % size:
+        raise bad(f"{shape} of {entry['dtype']} does not fill its byte range {offsets}")
+    return dtype, shape, offsets[0], offsets[1]
+
+
+def read_weights(buffer, where: str) -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors bytes ``buffer`` (a writable buffer private to this
+    process, e.g. ``VerifiedFiles.buffer``), each a view of it; ``where`` names the file."""
+    total = len(buffer)
+    if total < 8:
+        raise ArtifactError(f"{where} is not a safetensors file: {total} bytes, no header")
+    (length,) = struct.unpack("<Q", bytes(buffer[:8]))
+    if length > total - 8:
+        raise ArtifactError(
+            f"{where} is not a safetensors file: its header claims {length} bytes of {total}"
+        )
+    header = loads_bounded(bytes(buffer[8 : 8 + length]), f"{where} (its header)")
+    if not isinstance(header, dict):
+        raise ArtifactError(f"{where} is not a safetensors file: its header is not an object")
     start = 8 + length
     tensors = {}
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        dtype = _TORCH_DTYPES[entry["dtype"]]
-        begin, end = entry["data_offsets"]
-        count = (end - begin) // torch.empty((), dtype=dtype).element_size()
-        if count == 0:
-            tensors[name] = torch.empty(entry["shape"], dtype=dtype)
+        dtype, shape, begin, end = _entry(name, entry, total - start, where)
+        if begin == end:
+            tensors[name] = torch.empty(shape, dtype=dtype)
             continue
-        flat = torch.frombuffer(mapped, dtype=dtype, count=count, offset=start + begin)
-        tensors[name] = flat.view(entry["shape"])
+        count = (end - begin) // torch.empty((), dtype=dtype).element_size()
+        flat = torch.frombuffer(buffer, dtype=dtype, count=count, offset=start + begin)
+        tensors[name] = flat.view(shape)
     return tensors

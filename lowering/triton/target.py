@@ -114,9 +114,9 @@ def save(executable: TritonExecutable, folder: str) -> dict:
     return torch_target.save(executable, folder)
 
 
-def load(folder: str, manifest: dict, options) -> TritonExecutable:
+def load(files, manifest: dict, options) -> TritonExecutable:
     device = _device(options)
-    restored = torch_target.load(folder, manifest, options)
+    restored = torch_target.load(files, manifest, options)
     return TritonExecutable(restored.programs, options.kernels, device)
 
 

@@ -5,12 +5,16 @@ Writing: every file and the manifest go to a temporary sibling ``.<name>.tmp-<wr
 place in one atomic exchange (``renameat2(RENAME_EXCHANGE)`` where the system has it; else two
 renames). A failure or a kill therefore never leaves a half-written artifact at the destination,
 and what it leaves beside it is removed by the next save to the same place once its writer is gone
-(a concurrent save's directory is never touched). ``overwrite=True`` replaces only an existing
-ssmcc artifact: anything else at the destination is left untouched and named in the error.
+(a concurrent save's directory is never touched). ``overwrite=True`` replaces only a directory
+that holds exactly an intact ssmcc artifact: its manifest, which fits the schema, and the files
+it lists, each of the recorded size and SHA-256. Anything else at the destination (a user's file
+beside the manifest, a missing or changed file, a directory that is not an artifact) is left
+untouched and named in the error.
 
-Reading: the manifest is checked against its schema (``manifest.py``); every file it lists must
-be a regular file (not a symlink) directly inside the directory, with the recorded size and
-SHA-256. Any mismatch names the file or the field.
+Reading: the manifest is parsed within size and depth limits (``bounded_json``) and checked
+against its schema (``manifest.py``); ``read_artifact`` then reads every file it lists into memory
+the file cannot change, checking each one's type, size and SHA-256 as it is read
+(``ssmcc.artifact_files``). Any mismatch names the file or the field.
 """
 
 from __future__ import annotations
@@ -24,19 +28,12 @@ import os
 import secrets
 import shutil
 import socket
-import stat
 from collections.abc import Callable
 
+from ssmcc.artifact_files import VerifiedFiles, sha256_of
+from ssmcc.bounded_json import loads_bounded
 from ssmcc.errors import ArtifactError
 from ssmcc.runtime.manifest import FORMAT, FORMAT_VERSION, MANIFEST, check_manifest
-
-
-def sha256_of(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # -- who is writing -------------------------------------------------------------------------
@@ -100,14 +97,37 @@ def remove_stale_temporaries(out_dir: str) -> list[str]:
 
 # -- writing --------------------------------------------------------------------------------
 def is_artifact(path: str) -> bool:
-    """A directory (not a symlink) holding an ssmcc manifest, of any format version."""
+    """A directory (not a symlink) whose manifest says it is an ssmcc artifact, of any format
+    version (what ``intact_artifact_problem`` then checks in full)."""
     if os.path.islink(path) or not os.path.isdir(path):
         return False
     try:
-        with open(os.path.join(path, MANIFEST)) as f:
-            return json.load(f).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
+        with open(os.path.join(path, MANIFEST), "rb") as f:
+            manifest = loads_bounded(f.read(), MANIFEST)
+    except (OSError, ArtifactError):
         return False
+    return isinstance(manifest, dict) and manifest.get("format") == FORMAT
+
+
+def intact_artifact_problem(path: str) -> str | None:
+    """Why the directory ``path`` is not exactly an intact artifact (None when it is): files
+    beside the ones its manifest lists, or a listed file missing, of another size or hash."""
+    try:
+        manifest = read_manifest(path)
+    except ArtifactError as error:
+        return str(error)
+    present = set(os.listdir(path)) - {MANIFEST}
+    extra = sorted(present - set(manifest["files"]))
+    if extra:
+        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+        return f"it holds files its manifest does not list ({shown})"
+    for name, entry in manifest["files"].items():
+        file = os.path.join(path, name)
+        if not os.path.isfile(file) or os.path.islink(file):
+            return f"{name}, listed in its manifest, is missing or not a regular file"
+        if os.path.getsize(file) != entry["bytes"] or sha256_of(file) != entry["sha256"]:
+            return f"{name} differs from what its manifest records (size or SHA-256)"
+    return None
 
 
 def _exchange(a: str, b: str) -> bool:
@@ -151,6 +171,13 @@ def _check_destination(out_dir: str, overwrite: bool) -> None:
             f"{out_dir} is {kind} that is not an ssmcc artifact (no {MANIFEST} of format "
             f"{FORMAT!r}); overwrite=True replaces only ssmcc artifacts, so nothing was deleted. "
             "Choose another path, or remove it yourself"
+        )
+    problem = intact_artifact_problem(out_dir)
+    if problem is not None:
+        raise ArtifactError(
+            f"{out_dir} is not an intact ssmcc artifact: {problem}. overwrite=True replaces "
+            "only a directory holding exactly the files its manifest lists, so nothing was "
+            "deleted: move those files away, or choose another path"
         )
 
 
@@ -197,44 +224,31 @@ def write_artifact(
 
 
 # -- reading --------------------------------------------------------------------------------
-def artifact_file(artifact_dir: str, name: str) -> str:
-    """The path of the listed file ``name``: a regular file directly inside ``artifact_dir``."""
-    path = os.path.join(artifact_dir, name)
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        raise ArtifactError(f"{path} is missing (listed in {MANIFEST})") from None
-    if not stat.S_ISREG(mode):
-        kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
-        raise ArtifactError(
-            f"{path} is {kind}: an artifact's files must be regular files inside its directory"
-        )
-    return path
-
-
-def read_manifest(artifact_dir: str, verify_hashes: bool = True) -> dict:
-    """The manifest of ``artifact_dir``, after checking its schema and every listed file."""
+def read_manifest(artifact_dir: str) -> dict:
+    """The manifest of ``artifact_dir``, after the size, depth and schema checks."""
     path = os.path.join(artifact_dir, MANIFEST)
     if not os.path.isdir(artifact_dir):
         raise ArtifactError(f"{artifact_dir} is not a directory (expected an ssmcc artifact)")
-    if not os.path.isfile(path):
+    if os.path.islink(path) or not os.path.isfile(path):
         raise ArtifactError(f"{path} is missing: {artifact_dir} is not an ssmcc artifact")
+    with open(path, "rb") as f:
+        data = f.read()
     try:
-        with open(path) as f:
-            manifest = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ArtifactError(f"{path} is corrupt (not valid JSON: {error})") from error
-    check_manifest(manifest, path)
-    for name, entry in manifest["files"].items():
-        file_path = artifact_file(artifact_dir, name)
-        if os.path.getsize(file_path) != entry["bytes"]:
-            raise ArtifactError(
-                f"{file_path} has {os.path.getsize(file_path)} bytes, the manifest says "
-                f"{entry['bytes']}: the file is truncated or was changed"
-            )
-        if verify_hashes and sha256_of(file_path) != entry["sha256"]:
-            raise ArtifactError(
-                f"{file_path} does not match its SHA-256 in {MANIFEST}: the file "
-                "is corrupt or was changed"
-            )
-    return manifest
+        manifest = loads_bounded(data, path)
+    except ArtifactError as error:
+        problem = str(error).removeprefix(path).strip()
+        raise ArtifactError(f"{path} is corrupt: it {problem}") from None
+    return check_manifest(manifest, path)
+
+
+def read_artifact(artifact_dir: str, verify_hashes: bool = True) -> tuple[dict, VerifiedFiles]:
+    """The manifest of ``artifact_dir`` and every file it lists, read into memory and checked
+    (``ssmcc.artifact_files``: what the target loads from, never the directory again)."""
+    manifest = read_manifest(artifact_dir)
+    files = VerifiedFiles.read(
+        artifact_dir,
+        manifest["files"],
+        verify=verify_hashes,
+        listed_in=os.path.join(artifact_dir, MANIFEST),
+    )
+    return manifest, files

@@ -34,7 +34,7 @@ from ssmcc.runtime.text import (
     before_eos,
     decode,
     encode,
-    load_tokenizer,
+    load_saved_tokenizer,
     save_tokenizer,
 )
 
@@ -74,6 +74,7 @@ class CompiledModel:
         report: CompileReport | None = None,
         manifest: dict | None = None,
         artifact_dir: str | None = None,
+        files=None,
         tokenizer=None,
     ):
         self._executable = executable
@@ -83,6 +84,7 @@ class CompiledModel:
         self.report = report
         self.manifest = manifest
         self.artifact_dir = artifact_dir
+        self._files = files  # a loaded artifact's verified files (ssmcc.artifact_files)
         self.target = options.target
         self.chunk_size = options.chunk_size
         self.vocab_size = info.get("vocab_size")
@@ -325,8 +327,9 @@ class CompiledModel:
     @property
     def tokenizer(self):
         """The model's tokenizer (kept by ``compile``, saved in the artifact), or None."""
-        if self._tokenizer is None and (self.manifest or {}).get("tokenizer"):
-            self._tokenizer = load_tokenizer(self.artifact_dir)
+        saved = (self.manifest or {}).get("tokenizer")
+        if self._tokenizer is None and saved and self._files is not None:
+            self._tokenizer = load_saved_tokenizer(self._files, saved["files"])
         return self._tokenizer
 
     def _require_tokenizer(self):

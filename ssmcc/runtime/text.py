@@ -49,6 +49,16 @@ def load_tokenizer(folder: str):
         ) from error
 
 
+def load_saved_tokenizer(files, names: list[str]):
+    """The tokenizer an artifact keeps, from its verified files (``ArtifactFiles``): written to a
+    private scratch folder and read from there, never from the artifact's directory."""
+    with tempfile.TemporaryDirectory(prefix="ssmcc-tokenizer-") as scratch:
+        for name in names:
+            files.copy_to(name, os.path.join(scratch, name))
+        tokenizer = load_tokenizer(scratch)
+    return tokenizer
+
+
 def tokenizer_of(model, tokenizer):
     """The tokenizer ``compile`` keeps: ``tokenizer`` itself, one read from a folder path, or for
     ``"auto"`` the one saved beside the checkpoint ``model`` was loaded from (a local folder that
@@ -124,11 +134,13 @@ def decode(tokenizer, ids) -> str:
     return tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
-def before_eos(tokens: torch.Tensor, eos_token_id: int | None) -> torch.Tensor:
-    """``tokens`` (1-D) before the first ``eos_token_id`` (the text ends there)."""
+def before_eos(tokens: torch.Tensor, eos_token_id) -> torch.Tensor:
+    """``tokens`` (1-D) before the first of the ``eos_token_id`` (one id or a list of them: the
+    text ends there)."""
     if eos_token_id is None:
         return tokens
-    hits = (tokens == eos_token_id).nonzero()
+    ids = eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]
+    hits = torch.isin(tokens, torch.tensor(ids, dtype=tokens.dtype)).nonzero()
     return tokens if hits.numel() == 0 else tokens[: int(hits[0])]
 
 
