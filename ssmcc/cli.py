@@ -246,7 +246,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     if args.eos_id is not None:
-        sampling["eos_token_id"] = args.eos_id
+        sampling["eos_token_id"] = args.eos_id[0] if len(args.eos_id) == 1 else args.eos_id
     if args.prompt is not None and compiled.tokenizer is None:
         raise SSMCCError(
             f"{args.model} has no tokenizer, so --prompt cannot be encoded: compile it from a "
@@ -508,7 +508,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--eos-id",
         type=int,
-        help="stop at this token (default with --prompt: the tokenizer's end-of-sequence token)",
+        nargs="+",
+        metavar="ID",
+        help="stop at this token, or at any of these tokens (default with --prompt: the "
+        "tokenizer's end-of-sequence token)",
     )
     _add_option(
         run,

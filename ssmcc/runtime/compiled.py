@@ -244,8 +244,7 @@ class CompiledModel:
 
     def _stream(self, ids, rows, max_new_tokens, chunk_size, prefix_cache, sampling: dict):
         sampling = dict(sampling)
-        eos_token_id = sampling.pop("eos_token_id", None)
-        check_eos_token_id(eos_token_id, self.vocab_size)
+        eos_token_id = check_eos_token_id(sampling.pop("eos_token_id", None), self.vocab_size)
         unknown = sorted(set(sampling) - {f.name for f in dataclasses.fields(Sampling)})
         if unknown:
             raise InputError(
@@ -375,12 +374,12 @@ class CompiledModel:
             raise InputError(f"stream_text takes one text prompt, got {type(prompt).__name__}")
         (row,) = self._text_rows(prompt)
         sampling = self._text_sampling(sampling)
-        eos = sampling.get("eos_token_id")
+        eos = check_eos_token_id(sampling.get("eos_token_id"), self.vocab_size) or ()
         pieces = TextStream(self.tokenizer, row)
         for token in self.stream(row[None], max_new_tokens, **sampling):
             if streamer is not None:
                 streamer(token)
-            if eos is not None and int(token[0]) == eos:
+            if int(token[0]) in eos:
                 break
             piece = pieces.add(int(token[0]))
             if piece:

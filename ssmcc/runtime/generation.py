@@ -4,9 +4,10 @@
     token = choose(logits[:, -1]); repeat: logits, state = step(token, state)
 
 ``choose`` is greedy (argmax) or sampling: logits / temperature, then top-k, then top-p (nucleus)
-filtering, then a draw from the softmax with a seeded generator. A row that produced
-``eos_token_id`` keeps emitting it; generation stops early when every row has. ``stream`` yields
-each new token column as it is produced.
+filtering, then a draw from the softmax with a seeded generator. ``eos_token_id`` is one id or
+several (as Hugging Face's ``generate`` takes it); a row that produced one of them keeps emitting
+that one; generation stops early when every row has. ``stream`` yields each new token column as it
+is produced.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections.abc import Callable, Iterator
 import torch
 
 from ssmcc.errors import InputError
+
+SEEDS = (-(2**63), 2**64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +41,12 @@ class Sampling:
             raise InputError(f"top_k must be an integer >= 1, got {self.top_k!r}")
         if self.top_p is not None and (not _is_real(self.top_p) or not 0 < self.top_p <= 1):
             raise InputError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            raise InputError(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and not (_is_int(self.seed) and SEEDS[0] <= self.seed < SEEDS[1]):
+            shown = repr(self.seed) if len(repr(self.seed)) <= 40 else f"{self.seed:.3e}"
+            raise InputError(
+                f"seed must be an integer in [-2**63, 2**64) (what torch's generators take), "
+                f"got {shown}"
+            )
 
 
 def _is_int(value) -> bool:
@@ -51,16 +58,23 @@ def _is_real(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
-def check_eos_token_id(eos_token_id, vocab_size: int | None) -> None:
-    """None, or a token id inside the vocabulary."""
+def check_eos_token_id(eos_token_id, vocab_size: int | None) -> tuple[int, ...] | None:
+    """None, or the ids of ``eos_token_id`` (one id, or a non-empty list or tuple of them), each
+    inside the vocabulary."""
     if eos_token_id is None:
-        return
-    inside = vocab_size is None or 0 <= eos_token_id < vocab_size
-    if not _is_int(eos_token_id) or eos_token_id < 0 or not inside:
-        vocabulary = f" [0, {vocab_size})" if vocab_size is not None else ""
-        raise InputError(
-            f"eos_token_id must be a token id in the vocabulary{vocabulary}, got {eos_token_id!r}"
-        )
+        return None
+    ids = tuple(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else (eos_token_id,)
+    vocabulary = f" [0, {vocab_size})" if vocab_size is not None else ""
+    for token in ids:
+        inside = _is_int(token) and token >= 0 and (vocab_size is None or token < vocab_size)
+        if not inside:
+            raise InputError(
+                f"eos_token_id must be a token id in the vocabulary{vocabulary} or a list of "
+                f"them, got {eos_token_id!r}"
+            )
+    if not ids:
+        raise InputError("eos_token_id is an empty list: give at least one id, or None")
+    return ids
 
 
 def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None):
@@ -85,11 +99,11 @@ def stream(
     batch: int,
     max_new_tokens: int,
     sampling: Sampling = Sampling(),
-    eos_token_id: int | None = None,
+    eos_token_id: tuple[int, ...] | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield each new token column (b,) as it is produced: ``prefill()`` gives the last
     position's logits (b, vocab) and a state, ``step(tokens (b, 1), state)`` the next ones; the
-    state is opaque here."""
+    state is opaque here. ``eos_token_id``: the ids that end a row (``check_eos_token_id``)."""
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     sampling.check()
@@ -99,11 +113,14 @@ def stream(
         generator.manual_seed(sampling.seed if sampling.seed is not None else torch.seed() % 2**63)
     logits, state = prefill()
     finished = torch.zeros(batch, dtype=torch.bool)
+    ended_with = torch.zeros(batch, dtype=torch.long)  # the eos id each finished row produced
+    stops = torch.tensor(eos_token_id or (), dtype=torch.long)
     for produced in range(max_new_tokens):
         token = choose(logits[:, -1] if logits.dim() == 3 else logits, sampling, generator)
         if eos_token_id is not None:
-            token = token.masked_fill(finished, eos_token_id)
-            finished |= token == eos_token_id
+            token = torch.where(finished, ended_with, token)
+            ended_with = torch.where(finished, ended_with, token)
+            finished |= torch.isin(token, stops)
         yield token
         if produced + 1 == max_new_tokens or (eos_token_id is not None and finished.all()):
             return
