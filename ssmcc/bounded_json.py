@@ -40,27 +40,31 @@ def _fast_depth(text: str, max_depth: int) -> bool:
 
 
 def loads_bounded(
-    data: bytes | str, what: str, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH
+    data: bytes | str,
+    what: str,
+    max_bytes: int = MAX_BYTES,
+    max_depth: int = MAX_DEPTH,
+    error: type[Exception] = ArtifactError,
 ):
-    """``json.loads(data)`` after the size and depth checks above; ``ArtifactError`` naming
-    ``what`` otherwise."""
+    """``json.loads(data)`` after the size and depth checks above; ``error`` (an
+    ``ArtifactError`` unless told) naming ``what`` otherwise."""
     if len(data) > max_bytes:
-        raise ArtifactError(
+        raise error(
             f"{what} has {len(data):,} bytes, over the {max_bytes:,} ssmcc reads: it was not "
             "written by ssmcc or was changed"
         )
     try:
         text = bytes(data).decode("utf-8") if not isinstance(data, str) else data
-    except UnicodeDecodeError as error:
-        raise ArtifactError(f"{what} is not UTF-8 text: {error}") from None
+    except UnicodeDecodeError as problem:
+        raise error(f"{what} is not UTF-8 text: {problem}") from None
     if not _fast_depth(text, max_depth):
         depth = nesting_depth(text)
         if depth > max_depth:
-            raise ArtifactError(
+            raise error(
                 f"{what} nests {depth} levels deep, over the {max_depth} ssmcc reads: it was "
                 "not written by ssmcc or was changed"
             )
     try:
         return json.loads(text)
-    except (ValueError, RecursionError) as error:
-        raise ArtifactError(f"{what} is not valid JSON: {error}") from None
+    except (ValueError, RecursionError) as problem:
+        raise error(f"{what} is not valid JSON: {problem}") from None

@@ -26,10 +26,10 @@ is developed; the rules and the key these functions evaluate are tested over int
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import typing
 
+from ssmcc.bounded_json import loads_bounded
 from ssmcc.errors import ArtifactError
 from ssmcc.lowering.tensorrt.kernels_aot import KERNELS_FILE, launch_description
 from ssmcc.lowering.tensorrt.specs import FLOAT32, SPECS, PluginSpec
@@ -44,8 +44,8 @@ def load_binaries(artifact_dir: str) -> int:
     path = os.path.join(artifact_dir, KERNELS_FILE)
     if not os.path.exists(path):
         raise ArtifactError(f"{artifact_dir}: no {KERNELS_FILE}; is it a tensorrt artifact?")
-    with open(path) as f:
-        manifest = json.load(f)
+    with open(path, "rb") as f:
+        manifest = loads_bounded(f.read(), path)
     for entry in manifest["kernels"]:
         with open(os.path.join(artifact_dir, entry["ptx"])) as f:
             _BINARIES[(entry["specialization"], entry["arch"])] = {**entry, "text": f.read()}

@@ -19,12 +19,12 @@ Two formats are read:
 
 from __future__ import annotations
 
-import json
 import os
 
 import torch
 from torch import nn
 
+from ssmcc.bounded_json import loads_bounded
 from ssmcc.errors import InputError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -190,8 +190,10 @@ def load_checkpoint(folder: str) -> nn.Module:
             f"{folder} is a directory but has no config.json: pass a directory written by "
             "save_pretrained or a mamba_ssm checkpoint directory"
         )
-    with open(path) as f:
-        config = json.load(f)
+    with open(path, "rb") as f:
+        config = loads_bounded(f.read(), path, error=InputError)
+    if not isinstance(config, dict):
+        raise InputError(f"{path} is not a JSON object: it is not a model's config")
     if is_mamba_ssm_config(config):
         return load_mamba_ssm(folder, config)
     return load_hf(folder)
