@@ -19,11 +19,15 @@ class PassContext:
     """Options shared by the passes of one pipeline run.
 
     ``verify``: run the IR verifier after every pass (tests set it; compile does once at the end).
-    ``options``: per-pass options by pass name, e.g. ``{"some_pass": {"chunk_size": 256}}``.
+    ``pipeline``: the pipeline the user chose (``pipelines.PIPELINES``); the stateful programs
+    derived from a compiled program are cleaned by the same one (``pipelines.derivation``).
+    ``options``: per-pass options by pass name, e.g. ``{"some_pass": {"chunk_size": 256}}``;
+    compile puts the target's gates here (``fuse_scan_norm_mlp``'s ``unsupported`` ops).
     ``diagnostics``: why a rule did not fire (rule name -> reasons), gathered for ``ssmcc inspect``.
     """
 
     verify: bool = False
+    pipeline: str = "default"
     options: dict[str, dict] = dataclasses.field(default_factory=dict)
     diagnostics: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 

@@ -6,7 +6,8 @@ prefill depends on earlier positions through state-carrying ops alone: ops with 
 positions — attention (a matmul contracting the sequence, a softmax over it, scores pairing two
 positions), a cumsum or a reduction over time, a convolution, pad, shift, flip or gather along
 time, absolute positions (``arange`` over the length), the length used as a value — would make the
-step silently wrong. ``position_mixing(program)`` lists every such node, with its module path.
+step silently wrong. ``position_mixing(program)`` lists every such node that an output depends on
+(dead code changes nothing), with its module path.
 
 Reading: the sequence symbol ``s`` is the size of dim 1 of the first user input (``input_ids``).
 An axis of a tensor carries positions when its size expression contains ``s`` (so a flattened
@@ -313,14 +314,29 @@ def sequence_symbol(program: ExportedProgram):
     return None
 
 
+def _live_nodes(program: ExportedProgram) -> set[Node]:
+    """The nodes the program's outputs depend on (a dead one, e.g. a causal mask the routed
+    attention no longer reads in a capture no pass has cleaned, changes no output)."""
+    output = next(node for node in program.graph.nodes if node.op == "output")
+    live, stack = set(), [output]
+    while stack:
+        node = stack.pop()
+        if node not in live:
+            live.add(node)
+            stack.extend(node.all_input_nodes)
+    return live
+
+
 def position_mixing(program: ExportedProgram) -> list[MixingNode]:
-    """Every node that mixes positions outside a state-carrying op, in graph order."""
+    """Every node that mixes positions outside a state-carrying op and that an output depends
+    on, in graph order."""
     symbol = sequence_symbol(program)
     if symbol is None:
         return []
+    live = _live_nodes(program)
     found = []
     for node in program.graph.nodes:
-        if node.op != "call_function":
+        if node.op != "call_function" or node not in live:
             continue
         why = _reason(node, symbol)
         if why is not None:

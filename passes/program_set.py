@@ -1,8 +1,9 @@
 """``ProgramSet``: the programs of one compiled model, what every target lowers.
 
 - ``forward``: the program after the pipeline (the model's own inputs -> its outputs);
-- for a token model that can stream, derived once on first use (with the ``default`` pipeline run
-  after each state pass):
+- for a token model that can stream, derived once on first use, each by its state pass and then
+  the pipeline the program was compiled with, under the same ``PassContext`` (the user's choices
+  and the target's gates; ``pipelines.derivation`` holds the pass lists):
 
       prefill  (input_ids (b, l), *states) -> (logits (b, l, v), *states)   expose_recurrent_state
       chunk    (input_ids (b, c), *states) -> (last logits (b, v), *states) chunk_state_passing
@@ -17,24 +18,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from torch.export import ExportedProgram
 
 from ssmcc.errors import StreamingError
 from ssmcc.ops.contracts import StateSpec, bind_arguments, state_contract
-from ssmcc.passes.chunk_state_passing import chunk_state_passing
 from ssmcc.passes.locations import location
 from ssmcc.passes.manager import run_passes
 from ssmcc.passes.pass_base import PassContext
 from ssmcc.passes.position_mixing import position_mixing
-from ssmcc.passes.scan_to_recurrent_step import (
-    expose_recurrent_state,
-    op_name,
-    scan_to_recurrent_step,
-    state_specs,
-    stateful_nodes,
-)
+from ssmcc.passes.scan_to_recurrent_step import op_name, state_specs, stateful_nodes
 
 STATEFUL_GRAPHS = ("prefill", "chunk", "step")
 MAX_LISTED = 5
@@ -86,18 +81,21 @@ def streaming_refusal(
 
 
 class ProgramSet:
+    """``context``: the ``PassContext`` ``forward`` was compiled with (default: the ``default``
+    pipeline, no target gates); the stateful programs are derived under it."""
+
     def __init__(
         self,
         forward: ExportedProgram,
         *,
         token_model: bool,
         static_length: int | None = None,
-        verify: bool = False,
+        context: PassContext | None = None,
     ):
         self.forward = forward
         self.token_model = token_model
         self.static_length = static_length
-        self.verify = verify
+        self.context = context if context is not None else PassContext()
         self.refusal = streaming_refusal(forward, token_model, static_length)
         self.specs: list[StateSpec] = [] if self.refusal else state_specs(forward)
 
@@ -114,7 +112,7 @@ class ProgramSet:
         self.forward = programs.get("forward")
         self.token_model = token_model
         self.static_length = None
-        self.verify = False
+        self.context = PassContext()
         self.refusal = refusal
         self.specs = list(specs)
         self.__dict__["_stateful"] = {k: v for k, v in programs.items() if k != "forward"}
@@ -128,14 +126,15 @@ class ProgramSet:
     def _stateful(self) -> dict[str, ExportedProgram]:
         if self.refusal is not None:
             raise StreamingError(self.refusal)
-        from ssmcc.passes.pipelines import pipeline  # the pattern passes; not needed to run
+        from ssmcc.passes.pipelines import derivation  # the pattern passes; not needed to run
 
-        ctx = PassContext(verify=self.verify)
-        clean = pipeline("default")
-        prefill, _ = run_passes(self.forward, [expose_recurrent_state, *clean], ctx)
-        chunk, _ = run_passes(prefill, [chunk_state_passing, *clean], ctx)
-        step, _ = run_passes(self.forward, [scan_to_recurrent_step, *clean], ctx)
-        return {"prefill": prefill, "chunk": chunk, "step": step}
+        # the compile's options and gates; its report's near misses are not added to
+        ctx = dataclasses.replace(self.context, options=dict(self.context.options), diagnostics={})
+        programs = {"forward": self.forward}
+        for graph in STATEFUL_GRAPHS:
+            source, passes = derivation(graph, ctx.pipeline)
+            programs[graph], _ = run_passes(programs[source], passes, ctx)
+        return {graph: programs[graph] for graph in STATEFUL_GRAPHS}
 
     @property
     def graphs(self) -> tuple[str, ...]:

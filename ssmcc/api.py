@@ -175,6 +175,7 @@ def compile(
     phase(f"running pass pipeline {opts.pipeline!r} ({len(captured.graph.nodes)} nodes)")
     ctx = PassContext(
         verify=opts.verify,
+        pipeline=opts.pipeline,
         options={"fuse_scan_norm_mlp": {"unsupported": _unsupported_ops(opts.target)}},
     )
     program, pipeline_report = run_passes(captured, pipeline(opts.pipeline), ctx)
@@ -202,7 +203,7 @@ def compile(
         )
         pipeline_report.records += records
     programs = ProgramSet(
-        program, token_model=token_model, static_length=static_length, verify=opts.verify
+        program, token_model=token_model, static_length=static_length, context=ctx
     )
     phase(f"lowering to target {opts.target} ({len(program.graph.nodes)} nodes)")
     executable = get_target(opts.target).module().lower(programs, opts)

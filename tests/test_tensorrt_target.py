@@ -87,6 +87,21 @@ def test_compile_writes_a_data_only_artifact_whose_manifest_names_every_file():
     }
 
 
+def test_the_stateful_graphs_hold_only_ops_with_a_plugin():
+    """prefill, chunk and step are derived under the compile's gates (the fused mixers have no
+    plugin): each holds a plugin node per ssmcc op, the unfused scan and conv among them."""
+    folder = _artifact("mamba-tiny")
+    expected = {
+        "prefill": {"CausalConv1d", "SelectiveScan", "RmsNormGated"},
+        "chunk": {"CausalConv1d", "SelectiveScan", "RmsNormGated"},
+        "step": {"CausalConv1dUpdate", "SelectiveStateUpdate", "RmsNormGated"},
+    }
+    for graph, op_types in expected.items():
+        model = onnx.load(os.path.join(folder, f"{graph}.onnx"), load_external_data=False)
+        ssmcc_nodes = {n.op_type for n in model.graph.node if n.domain == "ssmcc"}
+        assert ssmcc_nodes == op_types and ssmcc_nodes <= set(SPECS), graph
+
+
 def test_each_plugin_node_finds_its_binary_by_the_aot_impl_key():
     """What each node's ``aot_impl`` computes (over ints here: batch 3, 37 positions) names a
     binary of the artifact, and its grid and extras are what the kernel is launched with."""
