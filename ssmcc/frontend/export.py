@@ -11,12 +11,14 @@ restored afterwards.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 from torch.export import Dim, ExportedProgram
+from torch.utils._pytree import tree_map
 
 from ssmcc.errors import CaptureError, InputError
 from ssmcc.frontend.inputs import check_token_ids
@@ -102,20 +104,39 @@ def _export_token_model_unrouted(model: nn.Module, example: torch.Tensor) -> Exp
     return torch.export.export(wrapper, (example,), dynamic_shapes=shapes, strict=False)
 
 
+def _auto_dims(value):
+    """``Dim.AUTO`` on every dim of every tensor in ``value`` (a tensor, or a tuple / list / dict
+    of them), in ``value``'s structure; None for anything else."""
+
+    def dims(x):
+        return {axis: Dim.AUTO for axis in range(x.dim())} if isinstance(x, torch.Tensor) else None
+
+    return tree_map(dims, value)
+
+
+def auto_dynamic_shapes(model: nn.Module, example_inputs: tuple):
+    """``dynamic_shapes`` for ``torch.export.export(model, example_inputs)`` with ``Dim.AUTO`` on
+    every tensor dim, in the structure of ``model.forward``'s signature: by parameter name, the
+    examples a ``*args`` parameter takes as one tuple (torch.export matches ``dynamic_shapes`` to
+    the parameters, not to the flat examples). Parameters left to their defaults (keyword-only
+    ones included) get none. A forward without a readable signature: one entry per example."""
+    try:
+        bound = inspect.signature(model.forward).bind(*example_inputs)
+    except (TypeError, ValueError):  # no signature, or one these examples do not fit
+        return tuple(_auto_dims(x) for x in example_inputs)
+    return {name: _auto_dims(value) for name, value in bound.arguments.items()}
+
+
 def _export_generic(model: nn.Module, example_inputs: tuple, dynamic: bool) -> ExportedProgram:
-    dynamic_shapes = None
-    if dynamic:
-        dynamic_shapes = tuple(
-            {axis: Dim.AUTO for axis in range(x.dim())} if isinstance(x, torch.Tensor) else None
-            for x in example_inputs
-        )
+    dynamic_shapes = auto_dynamic_shapes(model, example_inputs) if dynamic else None
     return torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=False)
 
 
-def _dynamic_dims(
+def describe_input_dims(
     program: ExportedProgram, axis_names: dict[str, tuple[str, ...]] | None = None
 ) -> dict[str, list[str]]:
-    """Each user input's dims: an int when static, else ``name[low,high]`` (the symbol's range).
+    """Each user input's dims: an int when static (torch.export's symbols specialised to a
+    number included), else ``name[low,high]`` (the symbol's range).
 
     ``axis_names`` gives readable names (``batch``, ``seq``) for inputs whose dims ssmcc chose.
     """
@@ -131,7 +152,7 @@ def _dynamic_dims(
         names = axis_names.get(node.name, ())
         described = []
         for axis, size in enumerate(value.shape):
-            if not isinstance(size, torch.SymInt):
+            if not isinstance(size, torch.SymInt) or size.node.expr.is_number:
                 described.append(str(int(size)))
                 continue
             expr = size.node.expr
@@ -153,7 +174,7 @@ def capture_with_report(
             model="ExportedProgram",
             routes=[],
             ssm_layers=[],
-            dynamic_dims=_dynamic_dims(model),
+            dynamic_dims=describe_input_dims(model),
             node_count=len(model.graph.nodes),
             op_counts=ssmcc_op_counts(model),
             capture_seconds=0.0,
@@ -215,7 +236,7 @@ def capture_with_report(
         model=model_name,
         routes=routing.routes,
         ssm_layers=[f"{name} ({cls})" for name, cls in routing.layers],
-        dynamic_dims=_dynamic_dims(program, {"input_ids": ("batch", "seq")} if hf else None),
+        dynamic_dims=describe_input_dims(program, {"input_ids": ("batch", "seq")} if hf else None),
         node_count=len(program.graph.nodes),
         op_counts=op_counts,
         capture_seconds=round(time.perf_counter() - started, 3),
