@@ -12,8 +12,18 @@ from torch.export import ExportedProgram
 
 from ssmcc.errors import ArtifactError, InputError, OptionError
 from ssmcc.frontend.dtypes import model_in_dtype
-from ssmcc.frontend.dynamic_length import relax_static_length
-from ssmcc.frontend.export import capture_with_report, is_hf_model, vocab_size_of
+from ssmcc.frontend.dynamic_length import (
+    relax_static_dims,
+    relax_static_length,
+    static_input_dims,
+    takes_flat_tensors,
+)
+from ssmcc.frontend.export import (
+    capture_with_report,
+    describe_input_dims,
+    is_hf_model,
+    vocab_size_of,
+)
 from ssmcc.frontend.report import ssmcc_op_counts
 from ssmcc.lowering.registry import get_target, target_names, targets
 from ssmcc.options import COMPILE, DEFAULT_CHUNK_SIZE, DEFAULT_TARGET, LOAD, resolve_options
@@ -24,6 +34,7 @@ from ssmcc.passes.quantize_weights import quantize_weights
 from ssmcc.progress import phase
 from ssmcc.runtime.artifact import read_artifact
 from ssmcc.runtime.compiled import CompiledModel
+from ssmcc.runtime.input_dims import check_input_dims_entry, input_dims
 from ssmcc.runtime.quantization_report import (
     fixed_prompts,
     quantization_accuracy,
@@ -109,6 +120,43 @@ def _unsupported_ops(target: str) -> dict[str, str]:
     return get_target(target).module().unsupported_ops()
 
 
+def _relax_static_dims(program, token_model, vocab_size, ctx, capture_report, pipeline_report):
+    """``(program, static length of a token model or None)``: the dims torch.export fixed at
+    capture made symbolic where, after the passes, nothing else uses them
+    (``frontend/dynamic_length.py``; the pipeline runs again on the re-exported program). The
+    capture report's notes say what was made dynamic and what stays static, and why; its input
+    dims describe the program as compiled."""
+    axis_names = {"input_ids": ("batch", "seq")} if token_model else None
+    static_length = static_sequence_length(program) if token_model else None
+    relaxed = None
+    if static_length is not None:
+        relaxed, why = relax_static_length(program, static_length, vocab_size)
+        if relaxed is None:
+            capture_report.notes.append(f"length stays static at {static_length} tokens: {why}")
+        else:
+            capture_report.notes.append(
+                f"length made dynamic: only the scans and convolutions the passes replaced "
+                f"used the captured length ({static_length})"
+            )
+            static_length = None
+    elif not token_model and takes_flat_tensors(program) and static_input_dims(program):
+        candidate, made, kept = relax_static_dims(program)
+        if made:
+            relaxed = candidate
+            capture_report.notes.append(
+                f"made dynamic: {'; '.join(made)}: only ops the passes replaced used those sizes"
+            )
+        if kept:
+            capture_report.notes.append(f"static (calls must have these sizes): {'; '.join(kept)}")
+    if relaxed is not None:
+        phase("re-exported with dynamic dims; running the passes again")
+        ctx.diagnostics.clear()  # the near misses the report lists are the final run's
+        program, again = run_passes(relaxed, pipeline(ctx.pipeline), ctx)
+        pipeline_report.records += again.records
+    capture_report.dynamic_dims = describe_input_dims(program, axis_names)
+    return program, static_length
+
+
 def compile(
     model: nn.Module | ExportedProgram,
     target: str = DEFAULT_TARGET,
@@ -179,20 +227,9 @@ def compile(
         options={"fuse_scan_norm_mlp": {"unsupported": _unsupported_ops(opts.target)}},
     )
     program, pipeline_report = run_passes(captured, pipeline(opts.pipeline), ctx)
-    static_length = static_sequence_length(program) if token_model else None
-    if static_length is not None:
-        relaxed, why = relax_static_length(program, static_length, vocab_size)
-        if relaxed is None:
-            capture_report.notes.append(f"length stays static at {static_length} tokens: {why}")
-        else:
-            phase("re-exported with a dynamic length; running the passes again")
-            program, again = run_passes(relaxed, pipeline(opts.pipeline), ctx)
-            pipeline_report.records += again.records
-            capture_report.notes.append(
-                f"length made dynamic: only the scans and convolutions the passes replaced "
-                f"used the captured length ({static_length})"
-            )
-            static_length = None
+    program, static_length = _relax_static_dims(
+        program, token_model, vocab_size, ctx, capture_report, pipeline_report
+    )
     verify_program(program, after=f"pipeline {opts.pipeline}")
     quantization = None
     if opts.quantize != "none":
@@ -212,6 +249,7 @@ def compile(
         "vocab_size": vocab_size,
         "ssmcc_ops": ssmcc_op_counts(program),
         "static_length": static_length,
+        "input_dims": None if token_model else input_dims(program),
         "streaming_refusal": programs.refusal,
         "quantization": quantization,
     }
@@ -260,6 +298,7 @@ def load(artifact_dir: str, verify: bool = True, **options) -> CompiledModel:
         key: manifest.get(key)
         for key in ("model", "vocab_size", "ssmcc_ops", "static_length", "streaming_refusal")
     }
+    info["input_dims"] = check_input_dims_entry(manifest.get("input_dims"), artifact_dir)
     return CompiledModel(
         executable, opts, info, manifest=manifest, artifact_dir=artifact_dir, files=files
     )

@@ -24,6 +24,7 @@ from ssmcc.options import Options, check_chunk_size
 from ssmcc.runtime.artifact import sha256_of, write_artifact
 from ssmcc.runtime.chunked import run_chunks
 from ssmcc.runtime.generation import Sampling, check_eos_token_id, stream
+from ssmcc.runtime.input_dims import check_inputs
 from ssmcc.runtime.manifest import MANIFEST
 from ssmcc.runtime.prefix_cache import PrefixCache
 from ssmcc.runtime.prompts import prompt_rows
@@ -117,6 +118,7 @@ class CompiledModel:
     @torch.inference_mode()
     def __call__(self, *args):
         if not self._token_model:
+            check_inputs(args, self.info.get("input_dims"))
             outputs = self._executable.run("forward", *args)
             return outputs[0] if len(outputs) == 1 else tuple(outputs)
         if len(args) != 1:
