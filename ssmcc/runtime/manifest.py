@@ -17,6 +17,8 @@
                     manifest itself)
 
     tokenizer       optional {files, class, eos_token_id}: the model's tokenizer, as its files
+    input_dims      optional, a plain module's [{name, dims: [int or null]}] (the sizes its program
+                    fixes; checked by ``runtime/input_dims.py``)
 
 plus what the target's ``save`` adds (its ``load`` checks those). ``check_manifest`` raises an
 ``ArtifactError`` naming the first field that does not fit (``states[1].shape``, ...).
