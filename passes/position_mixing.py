@@ -29,6 +29,7 @@ from ssmcc.ops import is_ssmcc_op
 from ssmcc.ops.contracts import bind_arguments, is_positionwise, state_contract
 from ssmcc.passes.dim_labels import is_full_slice
 from ssmcc.passes.locations import module_path
+from ssmcc.passes.rules import live_nodes
 
 aten = torch.ops.aten
 
@@ -314,26 +315,13 @@ def sequence_symbol(program: ExportedProgram):
     return None
 
 
-def _live_nodes(program: ExportedProgram) -> set[Node]:
-    """The nodes the program's outputs depend on (a dead one, e.g. a causal mask the routed
-    attention no longer reads in a capture no pass has cleaned, changes no output)."""
-    output = next(node for node in program.graph.nodes if node.op == "output")
-    live, stack = set(), [output]
-    while stack:
-        node = stack.pop()
-        if node not in live:
-            live.add(node)
-            stack.extend(node.all_input_nodes)
-    return live
-
-
 def position_mixing(program: ExportedProgram) -> list[MixingNode]:
     """Every node that mixes positions outside a state-carrying op and that an output depends
     on, in graph order."""
     symbol = sequence_symbol(program)
     if symbol is None:
         return []
-    live = _live_nodes(program)
+    live = live_nodes(program.graph)
     found = []
     for node in program.graph.nodes:
         if node.op != "call_function" or node not in live:
