@@ -194,10 +194,10 @@ def test_stale_temporaries_of_gone_writers_are_removed(saved, tmp_path):
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     ).stdout.strip()
-    from ssmcc.runtime.artifact import _host, _start_time
+    from ssmcc.runtime.temporaries import host, start_time
 
-    gone = tmp_path / f".art.tmp-{_host()}-{dead}-1-abcd"
-    live = tmp_path / f".art.tmp-{_host()}-{os.getpid()}-{_start_time(os.getpid())}-abcd"
+    gone = tmp_path / f".art.tmp-{host()}-{dead}-1-abcd"
+    live = tmp_path / f".art.tmp-{host()}-{os.getpid()}-{start_time(os.getpid())}-abcd"
     other_host = tmp_path / f".art.tmp-ffffffff-{dead}-1-abcd"
     for folder in (gone, live, other_host):
         folder.mkdir()

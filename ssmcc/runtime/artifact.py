@@ -19,80 +19,29 @@ the file cannot change, checking each one's type, size and SHA-256 as it is read
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
-import hashlib
 import json
 import os
 import secrets
 import shutil
-import socket
 from collections.abc import Callable
 
 from ssmcc.artifact_files import VerifiedFiles, sha256_of
 from ssmcc.bounded_json import loads_bounded
 from ssmcc.errors import ArtifactError
 from ssmcc.runtime.manifest import FORMAT, FORMAT_VERSION, MANIFEST, check_manifest
+from ssmcc.runtime.temporaries import remove_stale, writer_tag
 
 
-# -- who is writing -------------------------------------------------------------------------
-def _host() -> str:
-    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (Linux), or None when unknown."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _writer_tag() -> str:
-    pid = os.getpid()
-    return f"{_host()}-{pid}-{_start_time(pid) or 0}"
-
-
+# -- what killed saves left ----------------------------------------------------------------
 def _temporary_prefix(out_dir: str) -> str:
     return f".{os.path.basename(out_dir)}.tmp-"
 
 
-def _writer_gone(tag: str) -> bool:
-    """Whether the writer a temporary directory's tag names has exited (False when unsure)."""
-    parts = tag.split("-")
-    if len(parts) < 4 or parts[0] != _host() or not parts[1].isdigit():
-        return False  # another host's, or not ours to judge
-    pid, started = int(parts[1]), parts[2]
-    if pid == os.getpid():
-        return False
-    now = _start_time(pid)
-    if now is not None:
-        return now != started  # the pid is alive but was reused by another process
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 def remove_stale_temporaries(out_dir: str) -> list[str]:
     """Remove what killed saves to ``out_dir`` left beside it; returns the removed paths."""
-    parent, prefix = os.path.dirname(out_dir), _temporary_prefix(out_dir)
-    removed = []
-    with contextlib.suppress(FileNotFoundError):
-        for entry in os.scandir(parent):
-            if entry.name.startswith(prefix) and _writer_gone(entry.name[len(prefix) :]):
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                else:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
-                removed.append(entry.path)
-    return removed
+    return remove_stale(os.path.dirname(out_dir), _temporary_prefix(out_dir))
 
 
 # -- writing --------------------------------------------------------------------------------
@@ -195,7 +144,7 @@ def write_artifact(
     os.makedirs(parent, exist_ok=True)
     remove_stale_temporaries(out_dir)
     tmp = os.path.join(
-        parent, f"{_temporary_prefix(out_dir)}{_writer_tag()}-{secrets.token_hex(4)}"
+        parent, f"{_temporary_prefix(out_dir)}{writer_tag()}-{secrets.token_hex(4)}"
     )
     os.mkdir(tmp, 0o700)
     try:
