@@ -53,7 +53,12 @@ def server(mamba, tmp_path_factory):
 def _processes_mentioning(text: str) -> list[str]:
     """Command lines of live processes that contain ``text`` (the server's and its stubs' name
     the repository)."""
-    found = []
+    return list(_pids_mentioning(text).values())
+
+
+def _pids_mentioning(text: str) -> dict[int, str]:
+    """{pid: command line} of the processes (but this one) whose command line holds ``text``."""
+    found = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -61,7 +66,7 @@ def _processes_mentioning(text: str) -> list[str]:
         except OSError:
             continue
         if text in line and int(pid) != os.getpid():
-            found.append(line)
+            found[int(pid)] = line
     return found
 
 
@@ -260,6 +265,65 @@ def test_serve_command_runs_until_interrupted(mamba, tmp_path, signal_name):
     with pytest.raises(OSError):
         urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5)
     assert _processes_mentioning(repo) == []
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not gone, not a zombie waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def test_kill_9_of_serve_leaves_no_server_and_its_folder_goes_at_the_next_start(mamba, tmp_path):
+    """``kill -9`` of ``ssmcc serve``: within 5 s no process of its server runs any more (the
+    guardian, tritonserver, the Python backend's stub); its temporary folder (named with the
+    command's writer tag) stays, with the server log, and the next server start removes it."""
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    from ssmcc.runtime.temporaries import writer_tag
+
+    _, artifact = mamba
+    repo = export_triton(artifact, str(tmp_path / "repo"), name="m")
+    command = [sys.executable, "-m", "ssmcc.cli", "serve", repo]
+
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pids = {}
+    try:
+        line = first.stdout.readline().decode()
+        assert line.startswith("serving at http://127.0.0.1:"), first.stderr.read()
+        tag = writer_tag(first.pid)
+        pids = _pids_mentioning(repo)  # its stub's names the model.py under the repository
+        pids.pop(first.pid)
+        kinds = sorted(
+            "stub" if "backend_stub" in line else "guardian" if "guardian" in line else "server"
+            for line in pids.values()
+        )
+        assert kinds == ["guardian", "server", "stub"], pids
+        folders = [
+            os.path.join(tempfile.gettempdir(), name)
+            for name in os.listdir(tempfile.gettempdir())
+            if name.startswith(f"ssmcc-tritonserver-{tag}-")
+        ]
+        assert len(folders) == 1 and os.path.exists(os.path.join(folders[0], "server.log"))
+        first.kill()
+        first.wait()
+        deadline = time.monotonic() + 5
+        while any(map(_running, pids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pids[pid] for pid in pids if _running(pid)]
+    finally:  # whatever failed, nothing this test started keeps running
+        first.kill()
+        first.wait()
+        for pid in filter(_running, pids):
+            os.kill(pid, signal.SIGKILL)
+    assert os.path.isdir(folders[0])
+    with TritonServer(repo):  # what ssmcc serve starts
+        assert not os.path.exists(folders[0])
 
 
 def test_serve_command_interrupted_while_starting(mamba, tmp_path):

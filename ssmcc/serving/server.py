@@ -12,6 +12,10 @@ to its own launcher, done here:
   torch and onnxruntime from the environment that exported the repository.
 
 It listens on 127.0.0.1 only, on free ports unless given, and is stopped (then killed) on exit.
+It never outlives its owner: it runs under ``guardian.py``, which stops it, and kills its Python
+backend stubs, when the owning process exits in any way (``kill -9`` included). Its temporary
+folder (``ssmcc-tritonserver-<writer tag>-...``, ``ssmcc.runtime.temporaries``) goes when it
+stops; one a killed owner left behind, with its server log, goes at the next start.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ import urllib.request
 import weakref
 
 from ssmcc.errors import ServingError
+from ssmcc.runtime.temporaries import remove_stale, writer_tag
+
+TEMPORARY_PREFIX = "ssmcc-tritonserver-"  # the temporary folder's; the shared memory's too
+_GUARDIAN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guardian.py")
 
 
 def pytriton_root() -> str:
@@ -73,14 +81,18 @@ def server_environment(root: str) -> dict[str, str]:
     return env
 
 
-def _stop_process(process: subprocess.Popen, folder: str) -> None:
+def _stop_process(process: subprocess.Popen, folder: str, owner_pipe: int) -> None:
+    """SIGTERM to the guardian (it stops the server, killing it after 30 s); SIGKILL to the
+    guardian if that takes longer (the server gets SIGKILL by its parent-death signal); then
+    close the pipe that tells the guardian its owner is alive, and remove the folder."""
     if process.poll() is None:
         process.terminate()
         try:
-            process.wait(timeout=30)
+            process.wait(timeout=45)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+    os.close(owner_pipe)
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -115,12 +127,15 @@ class TritonServer:
     def grpc_url(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
 
-    def command(self, backends: str) -> list[str]:
+    def command(self, backends: str, shared_memory_prefix: str) -> list[str]:
         binary = os.path.join(pytriton_root(), "tritonserver", "bin", "tritonserver")
+        if not os.access(binary, os.X_OK):
+            raise ServingError(f"{binary} is missing or not executable: reinstall nvidia-pytriton")
         return [
             binary,
             f"--model-repository={self.repository}",
             f"--backend-directory={backends}",
+            f"--backend-config=python,shm-region-prefix-name={shared_memory_prefix}",
             "--http-address=127.0.0.1",
             f"--http-port={self.http_port}",
             "--grpc-address=127.0.0.1",
@@ -134,23 +149,34 @@ class TritonServer:
         server is stopped again and ``start`` returns; ``ssmcc serve`` sets it from its signal
         handlers)."""
         root = pytriton_root()
-        folder = tempfile.mkdtemp(prefix="ssmcc-tritonserver-")  # backends and log
-        backends = _backend_folder(root, os.path.join(folder, "backends"))
+        remove_stale(tempfile.gettempdir(), TEMPORARY_PREFIX)  # what killed owners left
+        remove_stale("/dev/shm", TEMPORARY_PREFIX)
+        folder = tempfile.mkdtemp(prefix=f"{TEMPORARY_PREFIX}{writer_tag()}-")  # backends, log
+        prefix = os.path.basename(folder)
         self.log_path = os.path.join(folder, "server.log")
+        owner_read, owner_write = os.pipe()
         try:
+            command = self.command(_backend_folder(root, os.path.join(folder, "backends")), prefix)
+            guardian = [sys.executable, "-I", "-S", _GUARDIAN, str(owner_read), prefix, "--"]
             with open(self.log_path, "wb") as log:
                 self.process = subprocess.Popen(
-                    self.command(backends),
+                    guardian + command,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=server_environment(root),
                     start_new_session=True,
+                    pass_fds=(owner_read,),
                 )
-        except OSError as error:
+        except BaseException as error:
+            os.close(owner_write)
             shutil.rmtree(folder, ignore_errors=True)
-            raise ServingError(f"tritonserver could not be started: {error}") from error
+            if isinstance(error, OSError):
+                raise ServingError(f"tritonserver could not be started: {error}") from error
+            raise
+        finally:
+            os.close(owner_read)
         # a server the caller forgets (or a process that exits early) is stopped all the same
-        self._finalizer = weakref.finalize(self, _stop_process, self.process, folder)
+        self._finalizer = weakref.finalize(self, _stop_process, self.process, folder, owner_write)
         self._wait_ready(interrupt)
         return self
 
@@ -188,7 +214,7 @@ class TritonServer:
         raise self._failure(f"tritonserver was not ready within {self.ready_timeout_s:.0f} s")
 
     def stop(self) -> None:
-        """Terminate the server (its Python backend stubs exit with it), kill it after 30 s."""
+        """Terminate the server and its Python backend stubs; kill them after 30 s."""
         if self.process is not None:
             self._finalizer()
 
