@@ -24,6 +24,7 @@ def _cmd_export_serving(args: argparse.Namespace) -> int:
         idle_timeout_s=args.idle_timeout,
         python_path=None if args.no_python_path else "auto",
         ort_library=args.ort_library,
+        max_request_tokens=args.max_request_tokens,
         overwrite=args.overwrite,
     )
     print(f"wrote {out} (model {args.name!r}, {args.flavour} backend); see {out}/README.md")
@@ -106,6 +107,14 @@ def add_serving_commands(commands) -> None:
         default=60.0,
         metavar="SECONDS",
         help="free a sequence's state after this long without a request (default 60)",
+    )
+    export.add_argument(
+        "--max-request-tokens",
+        type=int,
+        default=4096,
+        metavar="N",
+        help="python flavour: the most tokens one request may hold (default 4096); a longer "
+        "request is refused, ssmcc's Client sends longer prompts in pieces",
     )
     export.add_argument(
         "--no-python-path",

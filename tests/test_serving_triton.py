@@ -9,6 +9,7 @@ import collections
 import concurrent.futures
 import os
 import random
+import re
 import threading
 import time
 
@@ -141,6 +142,107 @@ def _counts(client: Client) -> dict[str, int]:
     return {"inference": int(stats["inference_count"]), "execution": int(stats["execution_count"])}
 
 
+# What a bad client sends (START, ids, the words of its error) while 8 sequences decode: in the
+# prompt round, requests of several tokens (the first of the shape of the prompts); in each step
+# round, one token, the shape of the steps (Triton batches requests of one shape only, and waits
+# up to the batch delay for each shape).
+BAD_PROMPTS = [
+    (True, [[1] * 15 + [700]], r"sequence 999: input_ids holds token id 700, outside the vocab"),
+    (True, np.zeros((1, 0)), r"sequence 999: input_ids is an empty sequence"),
+    (True, np.ones((1, 17)), r"holds 17 tokens, more than this model's max_request_tokens \(16\)"),
+]
+BAD_STEPS = [
+    (True, [[700]], r"sequence 999: input_ids holds token id 700, outside the vocabulary \[0, 5"),
+    (False, [[5]], r"sequence 999 is unknown or has expired"),  # its START above was refused
+    (True, [[-1]], r"sequence 999: input_ids holds token id -1: token ids are >= 0"),
+    (True, [[2**40]], r"holds token id 1099511627776, outside the vocabulary"),
+    (True, [[512]], r"holds token id 512, outside the vocabulary"),
+    (False, [[1]], r"sequence 999 is unknown or has expired"),
+    (True, [[-(2**63)]], r"holds token id -9223372036854775808"),
+]
+
+
+def test_bad_requests_fail_alone_in_the_batch_they_share(mamba, tmp_path):
+    """8 sequences decode in lock step beside a client that sends bad requests (ids outside the
+    vocabulary, negative, none, too many, a sequence whose START was refused). Each step round's
+    9 one-token requests reach the model as one execution (the batcher waits up to 1 s for 9;
+    Triton's statistics count one execution per round), and only the bad request fails, with its
+    own message: every sequence gets ``compiled.generate``'s tokens, one of them from a 40-token
+    prompt the client sends in pieces of the model's max_request_tokens (16). Requests Triton
+    refuses itself (FP32 ids) never reach a batch; ``Client`` refuses float ids before sending."""
+    import tritonclient.http as http
+
+    compiled, artifact = mamba
+    repo = export_triton(
+        artifact,
+        str(tmp_path / "repo"),
+        name="mamba",
+        max_batch_size=9,
+        batch_delay_ms=1000,
+        max_request_tokens=16,
+        threads=1,
+    )
+    prompts = [_prompt(300 + i, 40 if i == 0 else 16) for i in range(8)]
+    new_tokens = 1 + len(BAD_STEPS)
+    executions = []
+    with TritonServer(repo) as server:
+
+        def snapshot():  # in whichever thread arrives last: tritonclient's are per thread
+            with Client(server.url, "mamba") as client:
+                executions.append(_counts(client)["execution"])
+
+        barrier = threading.Barrier(9, action=snapshot, timeout=120)
+
+        def good(i):  # (an open connection would hold the server's stop up to 30 s)
+            with Client(server.url, "mamba") as client:
+                tokens = []
+                barrier.wait()
+                for token in client.stream(prompts[i], new_tokens, sequence_id=500 + i):
+                    tokens.append(token)
+                    barrier.wait()
+                return tokens
+
+        def bad():
+            client, errors = http.InferenceServerClient(server.url), []
+
+            def send(start, ids, dtype=np.int64, kind="INT64", end=False):
+                row = np.asarray(ids, dtype=dtype)
+                tensor = http.InferInput("input_ids", list(row.shape), kind)
+                tensor.set_data_from_numpy(row)
+                flags = dict(sequence_id=999, sequence_start=start, sequence_end=end)
+                try:
+                    client.infer("mamba", [tensor], **flags)
+                except Exception as error:
+                    return str(error)
+
+            barrier.wait()
+            errors = [send(start, ids) for start, ids, _ in BAD_PROMPTS]
+            fp32 = send(True, [[1.0]], np.float32, "FP32")
+            assert "data-type is 'FP32', but model 'mamba' expects 'INT64'" in fp32
+            for i, (start, ids, _) in enumerate(BAD_STEPS):
+                barrier.wait()  # the last ends the sequence: an open one holds the stop 30 s
+                errors.append(send(start, ids, end=i == len(BAD_STEPS) - 1))
+            barrier.wait()
+            client.close()
+            return errors
+
+        with concurrent.futures.ThreadPoolExecutor(9) as pool:
+            futures = [pool.submit(good, i) for i in range(8)] + [pool.submit(bad)]
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        for failure in sorted(failed, key=lambda e: isinstance(e, threading.BrokenBarrierError)):
+            raise failure  # the first cause, not the barrier it broke
+        *results, errors = [f.result() for f in futures]
+        with pytest.raises(ServingError, match="prompt must hold integer token ids, got dtype"):
+            Client(server.url, "mamba").generate(np.array([1.0, 2.5]), 2, sequence_id=1)
+    for (_, _, words), error in zip(BAD_PROMPTS + BAD_STEPS, errors, strict=True):
+        assert error is not None and re.search(words, error), error
+    for prompt, tokens in zip(prompts, results, strict=True):
+        expected = compiled.generate(prompt[None], new_tokens)[0, prompt.numel() :]
+        assert tokens == expected.tolist()
+    steps = executions[1:]  # the counts after the prompts, then after each step round
+    assert [b - a for a, b in zip(steps, steps[1:], strict=False)] == [1] * len(BAD_STEPS)
+
+
 def test_a_restarted_sequence_starts_from_the_zero_state(mamba, server):
     compiled, _ = mamba
     client = Client(server.url, "mamba")
@@ -150,6 +252,20 @@ def test_a_restarted_sequence_starts_from_the_zero_state(mamba, server):
     client.infer(other.numpy(), 7, start=True)  # restarted, then abandoned mid-way
     again = client.generate(prompt, 6, sequence_id=7)  # START again: no trace of the above
     assert again == compiled.generate(prompt[None], 6)[0, 9:].tolist()
+
+
+def test_a_stream_closed_early_ends_its_sequence(mamba, server):
+    """A ``break`` out of ``Client.stream`` (or a failure midway) ends the sequence on the server
+    with one more request: its state and batcher slot are freed at once, not after the idle
+    timeout, and a continuation without START is refused."""
+    compiled, _ = mamba
+    client = Client(server.url, "mamba")
+    prompt = _prompt(21, 5)
+    for token in client.stream(prompt, 8, sequence_id=61):
+        assert token == compiled.generate(prompt[None], 1)[0, -1]
+        break
+    with pytest.raises(ServingError, match=r"sequence 61: .*START"):
+        client.infer([1], 61)
 
 
 def test_unknown_and_expired_sequences_get_a_clear_error(server):
@@ -201,6 +317,8 @@ def test_export_refuses_what_it_cannot_serve(mamba, tmp_path):
     _, artifact = mamba
     with pytest.raises(OptionError, match="max_batch_size must be an integer >= 1"):
         export_triton(artifact, str(tmp_path / "r"), max_batch_size=0)
+    with pytest.raises(OptionError, match="max_request_tokens must be an integer >= 1, got 0"):
+        export_triton(artifact, str(tmp_path / "r"), max_request_tokens=0)
     with pytest.raises(OptionError, match="batch_delay_ms must be a number >= 0"):
         export_triton(artifact, str(tmp_path / "r"), batch_delay_ms=-1)
     with pytest.raises(OptionError, match="flavour must be one of"):
@@ -231,9 +349,12 @@ def test_export_serving_command_writes_the_repository(mamba, tmp_path):
 
     _, artifact = mamba
     repo = str(tmp_path / "repo")
-    code = main(["export-serving", artifact, "--engine", "triton", "--out", repo, "--name", "m"])
+    options = ["--name", "m", "--max-request-tokens", "64"]
+    code = main(["export-serving", artifact, "--engine", "triton", "--out", repo, *options])
     assert code == 0
     assert sorted(os.listdir(os.path.join(repo, "m", "1"))) == ["artifact", "model.py"]
+    with open(os.path.join(repo, "m", "config.pbtxt")) as f:
+        assert 'key: "max_request_tokens" value: { string_value: "64" }' in f.read()
     with open(os.path.join(repo, "README.md")) as f:
         assert "sequence_start=True" in f.read()
 

@@ -1,7 +1,8 @@
 """Stream a generation from an ssmcc model served by Triton Inference Server (``tritonclient``).
 
-The prompt goes in one request that starts the sequence (``sequence_start``), then one request
-per new token; the last one ends it (``sequence_end``). Greedy asks for the server's
+The prompt goes in one request that starts the sequence (``sequence_start``; in pieces of the
+model's ``max_request_tokens`` where it is longer, the later pieces continuing the sequence), then
+one request per new token; the last one ends it (``sequence_end``). Greedy asks for the server's
 ``next_token`` only (the argmax of the logits, computed there); sampling draws from ``logits``
 with ``ssmcc``'s own sampler and a generator seeded per sequence, so a sequence's tokens are those
 ``compiled.generate(prompt, n, do_sample=True, seed=s, ...)`` gives for one prompt.
@@ -9,6 +10,7 @@ with ``ssmcc``'s own sampler and a generator seeded per sequence, so a sequence'
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import numpy as np
@@ -18,12 +20,36 @@ from ssmcc.errors import ServingError
 from ssmcc.runtime.generation import Sampling, choose
 
 PROTOCOLS = ("http", "grpc")
+_UNREAD = object()
+
+
+def token_row(ids, what: str = "input_ids") -> np.ndarray:
+    """``ids`` (a sequence, array or tensor of shape (L,) or (1, L)) as an int64 row, or
+    ``ServingError``: token ids are integers (a float is refused, never truncated)."""
+    if isinstance(ids, torch.Tensor):
+        ids = ids.detach().cpu().numpy()
+    row = np.asarray(ids)
+    if (row.ndim == 2 and row.shape[0] == 1) or row.ndim == 0:
+        row = row.reshape(-1)
+    if row.ndim != 1:
+        raise ServingError(f"{what} must be one sequence's ids, (L,) or (1, L); got {row.shape}")
+    if row.size == 0:
+        raise ServingError(f"{what} holds no token: pass at least one token id")
+    if row.dtype.kind not in "iu":
+        raise ServingError(
+            f"{what} must hold integer token ids, got dtype {row.dtype}: tokenize the text "
+            "first, or convert ids stored as floats with .astype(np.int64) / .long()"
+        )
+    if row.dtype.kind == "u" and int(row.max()) > np.iinfo(np.int64).max:
+        raise ServingError(f"{what} holds token id {int(row.max())}, beyond INT64")
+    return row.astype(np.int64)
 
 
 class Client:
     """``Client(url, model, protocol="http")``: ``url`` is the server's HTTP endpoint
     (``host:port``), or its gRPC one with ``protocol="grpc"``. One client per thread:
-    tritonclient's HTTP client is not safe to share between threads (it deadlocks)."""
+    tritonclient's HTTP client is not safe to share between threads (it deadlocks). ``close()``
+    (or a ``with`` block) closes its connections."""
 
     def __init__(
         self, url: str, model: str = "ssmcc", *, protocol: str = "http", timeout_s: float = 120.0
@@ -48,6 +74,33 @@ class Client:
         else:
             self.client = library.InferenceServerClient(url)
         self.timeout_s = timeout_s
+        self._max_request_tokens = _UNREAD
+
+    def close(self) -> None:
+        """Close the connections (a server waits up to 30 s for open ones when it stops)."""
+        self.client.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def max_request_tokens(self) -> int | None:
+        """The model's ``max_request_tokens`` parameter (read once from its config; None where
+        it has none)."""
+        if self._max_request_tokens is _UNREAD:
+            self._max_request_tokens = None
+            # gRPC: {"config": {...}} with as_json; HTTP: the config as JSON, no as_json
+            as_json = {"as_json": True} if self._library.__name__.endswith("grpc") else {}
+            try:
+                config = self.client.get_model_config(self.model, **as_json)
+            except Exception:  # no such model: the requests will say so
+                return None
+            value = config.get("config", config).get("parameters", {}).get("max_request_tokens")
+            if value and int(value.get("string_value") or 0) > 0:
+                self._max_request_tokens = int(value["string_value"])
+        return self._max_request_tokens
 
     def infer(
         self,
@@ -61,7 +114,7 @@ class Client:
         """One request: ``ids`` (tokens of one sequence) -> the last position's ``logits``
         (vocab,), or with ``output="next_token"`` the server's greedy choice (1,) alone (8 bytes
         instead of the vocabulary's logits on the wire)."""
-        row = np.asarray(ids, dtype=np.int64).reshape(1, -1)
+        row = token_row(ids)[None]
         tensor = self._library.InferInput("input_ids", list(row.shape), "INT64")
         tensor.set_data_from_numpy(row)
         try:
@@ -79,7 +132,10 @@ class Client:
 
     def stream(self, prompt, max_new_tokens: int, *, sequence_id: int, **sampling) -> Iterator[int]:
         """Yield each new token as soon as the server answers. Keywords: ``do_sample``,
-        ``temperature``, ``top_k``, ``top_p``, ``seed`` (as for ``compiled.generate``)."""
+        ``temperature``, ``top_k``, ``top_p``, ``seed`` (as for ``compiled.generate``). A stream
+        closed early (a ``break`` out of the loop) or failed midway ends its sequence on the
+        server with one more request, so that its state and batcher slot are freed now rather
+        than after the idle timeout."""
         if max_new_tokens < 1:
             raise ServingError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         config = Sampling(**sampling)
@@ -88,20 +144,33 @@ class Client:
         if config.do_sample:
             generator = torch.Generator()
             generator.manual_seed(config.seed if config.seed is not None else torch.seed() % 2**63)
-        ids = np.asarray(prompt, dtype=np.int64).reshape(-1)
+        ids = token_row(prompt, "prompt")
+        limit = self.max_request_tokens() or ids.size
+        pieces = [ids[i : i + limit] for i in range(0, ids.size, limit)]
         # greedy: the server's choice alone; sampling: the logits, drawn from here
         output = "logits" if config.do_sample else "next_token"
-        answer = self.infer(ids, sequence_id, start=True, end=max_new_tokens == 1, output=output)
-        for produced in range(max_new_tokens):
-            if config.do_sample:
-                scores = torch.from_numpy(answer.copy())[None]
-                token = int(choose(scores, config, generator)[0])
-            else:
-                token = int(answer[0])
-            yield token
-            if produced + 1 < max_new_tokens:
-                last = produced + 2 == max_new_tokens
-                answer = self.infer([token], sequence_id, end=last, output=output)
+        ended = False
+        try:
+            for i, piece in enumerate(pieces[:-1]):  # a long prompt: all but its last piece
+                self.infer(piece, sequence_id, start=i == 0, output="next_token")
+            ended = max_new_tokens == 1
+            answer = self.infer(
+                pieces[-1], sequence_id, start=len(pieces) == 1, end=ended, output=output
+            )
+            for produced in range(max_new_tokens):
+                if config.do_sample:
+                    scores = torch.from_numpy(answer.copy())[None]
+                    token = int(choose(scores, config, generator)[0])
+                else:
+                    token = int(answer[0])
+                yield token
+                if produced + 1 < max_new_tokens:
+                    ended = produced + 2 == max_new_tokens
+                    answer = self.infer([token], sequence_id, end=ended, output=output)
+        finally:
+            if not ended:
+                with contextlib.suppress(ServingError):
+                    self.infer([0], sequence_id, end=True, output="next_token")
 
     def generate(self, prompt, max_new_tokens: int, *, sequence_id: int, **sampling) -> list[int]:
         """The new tokens of one sequence (``stream`` collected)."""

@@ -73,13 +73,15 @@ class ServingOptions:
     idle_timeout_s: float = 60.0
     python_path: str | None = None
     ort_library: str | None = None
+    max_request_tokens: int = 4096
 
     def check(self) -> None:
         if self.flavour not in FLAVOURS:
             raise OptionError(f"flavour must be one of {', '.join(FLAVOURS)}, got {self.flavour!r}")
         if not _NAME.match(self.name):
             raise OptionError(f"model name {self.name!r} must be letters, digits, '_', '.' or '-'")
-        for option, least in (("max_batch_size", 1), ("instances", 1), ("threads", 0)):
+        integers = (("max_batch_size", 1), ("instances", 1), ("threads", 0))
+        for option, least in (*integers, ("max_request_tokens", 1)):
             value = getattr(self, option)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise OptionError(f"{option} must be an integer >= {least}, got {value!r}")
@@ -124,7 +126,11 @@ def _batcher(options: ServingOptions, controls: bool, states: str) -> str:
 
 
 def python_config(options: ServingOptions, vocab: int) -> str:
-    parameters = {"threads": str(options.threads), "idle_timeout_s": f"{options.idle_timeout_s:g}"}
+    parameters = {
+        "threads": str(options.threads),
+        "idle_timeout_s": f"{options.idle_timeout_s:g}",
+        "max_request_tokens": str(options.max_request_tokens),
+    }
     if options.python_path:
         parameters["python_path"] = options.python_path
     return (
@@ -199,13 +205,18 @@ chunk of it, or one generated token) with the sequence id (`sequence_id`, a uint
 `logits` (FP32 [1, {vocab}]) are the last position's{next_token}. Requests of different sequences
 are batched (up to {max_batch_size}); each sequence's per-layer state stays on the server between
 its requests and is freed at END or after {idle:g} s idle. A request for an unknown or expired
-sequence without `sequence_start` is answered with an error.
+sequence without `sequence_start` is answered with an error.{checks_note}
 
     from ssmcc.serving import Client
     client = Client("127.0.0.1:8000", "{name}")
     tokens = client.generate(prompt_ids, max_new_tokens=32, sequence_id=1)    # greedy
     tokens = client.generate(prompt_ids, 32, sequence_id=2, do_sample=True, seed=0, top_p=0.9)
 """
+
+_CHECKS_NOTE = """ Each request is checked
+before it joins a batch, and a bad one (ids outside [0, {vocab}), none, more than {limit} of
+them: the `max_request_tokens` parameter) is answered with its own error; the other requests of
+its batch are answered as if it had not been sent. `Client` sends a longer prompt in pieces."""
 
 
 def _readme(options: ServingOptions, vocab: int) -> str:
@@ -234,6 +245,9 @@ def _readme(options: ServingOptions, vocab: int) -> str:
         else "",
         max_batch_size=options.max_batch_size,
         idle=options.idle_timeout_s,
+        checks_note=_CHECKS_NOTE.format(vocab=vocab, limit=options.max_request_tokens)
+        if flavour == "python"
+        else "",
     )
 
 
@@ -250,12 +264,16 @@ def export_triton(
     idle_timeout_s: float = 60.0,
     python_path: str | None = "auto",
     ort_library: str | None = None,
+    max_request_tokens: int = 4096,
     overwrite: bool = False,
 ) -> str:
     """Write the model repository ``out`` for the saved ssmcc ``artifact`` (module docstring);
     returns ``out``. ``batch_delay_ms``: how long a request may wait for others to batch with.
     ``python_path="auto"`` records this interpreter's ``sys.path`` for the Python backend's stub
-    (None: rely on the server's environment)."""
+    (None: rely on the server's environment). ``max_request_tokens`` (python flavour): the most
+    tokens one request may hold; ``Client`` sends longer prompts in pieces of that size, so that
+    a long prompt holds the model for one piece at a time and other sequences' steps run between
+    its pieces."""
     if python_path == "auto":
         python_path = os.pathsep.join(p for p in sys.path if p)
     options = ServingOptions(
@@ -268,6 +286,7 @@ def export_triton(
         idle_timeout_s,
         python_path,
         ort_library,
+        max_request_tokens,
     )
     options.check()
     manifest = _manifest(artifact)
