@@ -123,9 +123,10 @@ class Sequences:
         return check_token_ids(tensor, self.vocab, what=what)
 
     def _unknown(self, corrid: int) -> UnknownSequence:
+        idle = f" or after {self.idle_s:g} s idle" if self.idle_s > 0 else ""
         return UnknownSequence(
-            f"sequence {corrid} is unknown or has expired (freed at END or after "
-            f"{self.idle_s:g} s idle): start it again with sequence_start=True and its prompt"
+            f"sequence {corrid} is unknown or has expired (freed at END{idle}): start it again "
+            "with sequence_start=True and its prompt"
         )
 
     # -- execution ---------------------------------------------------------------------------
