@@ -80,6 +80,7 @@ class TritonPythonModel:
         import torch
 
         import ssmcc
+        from ssmcc.runtime.artifact import read_manifest
         from ssmcc.serving.sequences import Request, Sequences
 
         self.torch, self.Request = torch, Request
@@ -87,8 +88,7 @@ class TritonPythonModel:
         if threads:
             torch.set_num_threads(threads)
         folder = os.path.join(args["model_repository"], args["model_version"], "artifact")
-        with open(os.path.join(folder, "manifest.json")) as f:
-            target = json.load(f)["target"]
+        target = read_manifest(folder)["target"]
         options = {"threads": threads} if threads and target == "onnx" else {}
         self.sequences = Sequences(
             ssmcc.load(folder, **options),

@@ -28,7 +28,6 @@ shape (no K/V cache: Triton's implicit state is not given a growing dim here).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import shutil
@@ -36,6 +35,7 @@ import sys
 import tempfile
 
 from ssmcc.errors import OptionError, ServingError
+from ssmcc.runtime.artifact import read_manifest
 
 FLAVOURS = ("python", "onnxruntime")
 _DTYPES = {"float32": "TYPE_FP32", "int64": "TYPE_INT64", "bfloat16": "TYPE_BF16"}
@@ -49,8 +49,7 @@ def _manifest(artifact: str) -> dict:
             f"{artifact} is not an ssmcc artifact (no manifest.json): compile and "
             "save a model first (ssmcc compile MODEL --out DIR)"
         )
-    with open(path) as f:
-        manifest = json.load(f)
+    manifest = read_manifest(artifact)  # schema-checked, within size and depth limits
     if not manifest.get("streaming"):
         raise ServingError(
             f"{artifact} has no prefill/step programs "
