@@ -12,8 +12,9 @@ before Triton was imported everything is interpreted already and nothing is swap
 
 The interpreter runs every program instance one after another in Python (slow: for tests). The
 kernels are self-contained, except the TensorRT plugin wrappers (``plugin_kernels.py``), which
-call other kernels of this package as device functions: ``launch`` swaps a kernel's own
-``@triton.jit`` callees (the names of its module) for interpreted ones for the call, too.
+call other kernels of this package as device functions, and kernels call the device functions of
+``activations.py``: ``launch`` swaps every ``@triton.jit`` function a kernel can reach (through
+its module's names, transitively) for an interpreted one for the call, too.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import functools
 import importlib.util
 import sys
 import threading
+import types
 
 import torch
 
@@ -125,20 +127,41 @@ def interpreted_language():
             _restore(saved)
 
 
-@contextlib.contextmanager
-def _callees_interpreted(kernel):
-    """The ``@triton.jit`` functions named in ``kernel``'s module, interpreted for the duration
-    (the interpreter runs a kernel's rewritten source in its module's namespace)."""
+def _callee_namespaces(kernel) -> list[tuple[dict, str, object]]:
+    """(namespace, name, function) of every ``@triton.jit`` function ``kernel`` can reach: those
+    named in its module, in the modules of this package its module names (``activations`` in
+    ``activations.activate``), and so on through each callee's own module."""
     from triton.runtime.jit import JITFunction
 
-    names = kernel.fn.__globals__
-    swapped = {n: v for n, v in names.items() if isinstance(v, JITFunction) and v is not kernel}
-    interpreted = {n: _interpreted(v) for n, v in swapped.items()}  # hashed before any swap
-    names.update(interpreted)
+    found, seen, pending = [], set(), [kernel.fn.__globals__]
+    while pending:
+        names = pending.pop()
+        if id(names) in seen:
+            continue
+        seen.add(id(names))
+        for name, value in list(names.items()):
+            if isinstance(value, JITFunction) and value is not kernel:
+                found.append((names, name, value))
+                pending.append(value.fn.__globals__)
+            elif isinstance(value, types.ModuleType) and value.__name__.startswith(__package__):
+                pending.append(vars(value))
+    return found
+
+
+@contextlib.contextmanager
+def _callees_interpreted(kernel):
+    """The ``@triton.jit`` functions ``kernel`` can reach (``_callee_namespaces``), interpreted
+    for the duration (the interpreter runs a function's rewritten source in its module's
+    namespace, and calls what that namespace holds)."""
+    callees = _callee_namespaces(kernel)
+    interpreted = [_interpreted(value) for _, _, value in callees]  # hashed before any swap
+    for (names, name, _), function in zip(callees, interpreted, strict=True):
+        names[name] = function
     try:
         yield
     finally:
-        names.update(swapped)
+        for names, name, value in callees:
+            names[name] = value
 
 
 @functools.cache
