@@ -11,6 +11,9 @@ DIMS = (1, 2, 3, 5, 6, 8, 12, 13, 16, 24, 31, 40)
 STATES = (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 32)  # 4/8/16/32 take the kernel's fixed-size path
 LENGTHS = (0, 1, 1, 2, 3, 5, 7, 8, 16, 17, 33, 64)
 LONG_LENGTHS = (300, 1000, 2048)
+# The conv's activation (``ssmcc.ops.activations``): every form, under several of its names.
+ACTIVATIONS = (None, "silu", "swish", "gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "relu")
+ACTIVATIONS += ("relu2", "linear")
 
 
 @dataclasses.dataclass
@@ -146,7 +149,7 @@ def draw(op: str, seed: int) -> Case:
         args = _mamba_mixer_args(t, op, batch, dim, length)
     else:
         width = rng.choice((1, 2, 3, 4, 4, 5))
-        activation = rng.choice((None, "silu", "swish"))
+        activation = rng.choice(ACTIVATIONS)
         common = dict(weight=t.randn(dim, width), bias=t.maybe(0.5, lambda: t.randn(dim)))
         if op == "causal_conv1d":
             args = dict(
@@ -247,7 +250,7 @@ def _mixer_args(t: _Tensors, op: str, batch: int, length: int) -> dict:
         norm_group_size=rng.choice([g for g in range(1, inner + 1) if inner % g == 0]),
         eps=rng.choice((1e-6, 1e-5)),
         norm_before_gate=rng.random() < 0.3,
-        activation=rng.choice((None, "silu")),
+        activation=rng.choice(ACTIVATIONS),
         dt_softplus=softplus,
         dt_min=clamp[0],
         dt_max=clamp[1],
@@ -282,7 +285,7 @@ def _mamba_mixer_args(t: _Tensors, op: str, batch: int, dim: int, length: int) -
         dt_bias=_dt_bias(t, dim, softplus) if softplus else t.uniform(dim, low=0.5, high=1.0),
         x_offset=offsets["x"],
         z_offset=offsets.get("z", -1),
-        activation=rng.choice((None, "silu")),
+        activation=rng.choice(ACTIVATIONS),
         delta_softplus=softplus,
         bcdt_rms_eps=rng.choice((None, None, 1e-6, 1e-5)),
         conv_state=t.maybe(states, lambda: t.randn(batch, dim, width - 1)),

@@ -9,6 +9,8 @@ import math
 import numpy as np
 import torch
 
+from ssmcc.ops.activations import activation_code
+
 from .fuzz_cases import Case
 
 _MIXER_INPUTS = (
@@ -150,7 +152,7 @@ def _mixer_form(op: str, a: dict) -> dict:
         "norm_group_size": int(a["norm_group_size"]),
         "eps": float(a["eps"]),
         "norm_before_gate": int(a["norm_before_gate"]),
-        "activation": int(a["activation"] is not None),
+        "activation": activation_code("fuzz", a["activation"]),
         "dt_softplus": int(a["dt_softplus"]),
         "dt_min": float(a["dt_min"]),
         "dt_max": float("inf") if a["dt_max"] is None else float(a["dt_max"]),
@@ -171,7 +173,7 @@ def _mamba_mixer_form(a: dict) -> dict:
         "x_offset": int(a["x_offset"]),
         "z_offset": max(int(a["z_offset"]), 0),
         "has_z": int(a["z_offset"] >= 0),
-        "activation": int(a["activation"] is not None),
+        "activation": activation_code("fuzz", a["activation"]),
         "delta_softplus": int(a["delta_softplus"]),
         "has_rms": int(a["bcdt_rms_eps"] is not None),
         "rms_eps": float(a["bcdt_rms_eps"] or 0.0),
@@ -205,7 +207,7 @@ def node_form(case: Case) -> tuple[dict, dict]:
         a["z"] = a["x"] if a["z"] is None else a["z"]
     else:
         dim, width = a["weight"].shape
-        attrs = {"activation": int(a["activation"] is not None)}
+        attrs = {"activation": activation_code("fuzz", a["activation"])}
         a["bias"] = torch.zeros(dim) if a["bias"] is None else a["bias"]
         if case.op == "causal_conv1d" and a["initial_state"] is None:
             a["initial_state"] = torch.zeros(a["x"].shape[0], dim, width - 1)

@@ -3,8 +3,12 @@ independently of the op library, from the same already rounded inputs."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
+
+from ssmcc.ops.activations import NAMES
 
 from .fuzz_cases import Case
 
@@ -172,6 +176,22 @@ def _mamba_mixer(op: str, a: dict):
     return (y[:, 0] if step else y), conv_last, h
 
 
+def _activate(x, name):
+    """The activation ``name`` in float64, written from ``ssmcc.ops.activations``'s table (its
+    names -> forms; the math here is the table's, not the reference's)."""
+    form = NAMES[name]
+    if form == "silu":
+        return x * torch.sigmoid(x)
+    if form == "gelu":
+        return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+    if form == "gelu_tanh":
+        return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    if form in ("relu", "relu2"):
+        return x.clamp(min=0) ** (1 if form == "relu" else 2)
+    assert form == "identity", form
+    return x
+
+
 def _conv(op: str, a: dict):
     x, weight = a["x"], a["weight"]
     width = weight.shape[1]
@@ -185,7 +205,7 @@ def _conv(op: str, a: dict):
     length = x.shape[-1]
     out = sum(weight[:, j, None] * xs[..., j : j + length] for j in range(width))
     out = out if a["bias"] is None else out + a["bias"][:, None]
-    out = out * torch.sigmoid(out) if a["activation"] else out
+    out = _activate(out, a["activation"])
     state = xs[..., xs.shape[-1] - (width - 1) :]
     return (out[..., 0], state) if op == "causal_conv1d_update" else (out, state)
 

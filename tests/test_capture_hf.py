@@ -110,12 +110,31 @@ def test_model_is_unchanged_after_capture(hf_family):
 
 
 def test_failed_capture_restores_everything():
-    """gelu is not a conv activation ssmcc supports: capture fails, and nothing is left patched."""
-    model = make_hf_model("mamba", hidden_act="gelu", num_hidden_layers=1)
+    """Jamba's experts with hidden_act "linear" (identity: a form of the mixers' conv, not of
+    ``ssmcc.moe_experts``): capture fails inside the export, after the routes were installed, and
+    nothing is left patched."""
+    import transformers
+
+    config = transformers.JambaConfig(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=2,
+        attn_layer_offset=1,
+        attn_layer_period=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=32,
+        hidden_act="linear",
+        num_experts=2,
+    )
+    model = transformers.JambaForCausalLM(config).eval()
     before_globals = _module_globals()
     ids = torch.randint(0, model.config.vocab_size, (2, 9))
     before_out = _eager_logits(model, ids)
-    with pytest.raises(CaptureError, match=r"MambaForCausalLM.*activation 'gelu' is not supported"):
+    with pytest.raises(
+        CaptureError,
+        match=r"JambaForCausalLM.*JambaExperts: activation LinearActivation has no ssmcc.moe_",
+    ):
         ssmcc.capture(model, (ids,))
     assert _module_globals() == before_globals
     assert torch.equal(_eager_logits(model, ids), before_out)

@@ -64,7 +64,14 @@ def test_selective_scan_kernel_softplus_threshold_and_bf16():
 @pytest.mark.parametrize("width", [1, 2, 4])
 @pytest.mark.parametrize(
     "with_bias,with_state,activation",
-    [(False, False, None), (True, True, "silu"), (True, False, "swish")],
+    [
+        (False, False, None),
+        (True, True, "silu"),
+        (True, False, "swish"),
+        (True, True, "gelu"),
+        (False, True, "gelu_pytorch_tanh"),
+        (True, False, "relu2"),
+    ],
 )
 def test_causal_conv1d_kernel(length, width, with_bias, with_state, activation):
     g = torch.Generator().manual_seed(length * 7 + width)
@@ -104,13 +111,14 @@ def test_state_update_kernel(groups, extras):
 
 
 @pytest.mark.parametrize("width", [2, 4])
-def test_conv_update_kernel(width):
+@pytest.mark.parametrize("activation", ["silu", "gelu", "gelu_new", "relu"])
+def test_conv_update_kernel(width, activation):
     g = torch.Generator().manual_seed(width)
     x, state = torch.randn(3, 7, generator=g), torch.randn(3, 7, width - 1, generator=g)
     weight, bias = torch.randn(7, width, generator=g), torch.randn(7, generator=g)
     for a, b in zip(
-        torch_binding.causal_conv1d_update_cpu(x, state, weight, bias, "silu"),
-        causal_conv1d_update_ref(x, state, weight, bias, "silu"),
+        torch_binding.causal_conv1d_update_cpu(x, state, weight, bias, activation),
+        causal_conv1d_update_ref(x, state, weight, bias, activation),
         strict=True,
     ):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

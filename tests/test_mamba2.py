@@ -229,8 +229,8 @@ def test_capture_restores_the_patched_norm_class_also_on_failure():
     from transformers.models.mamba2 import modeling_mamba2 as hf
 
     originals = (hf.mamba2_chunk_scan, hf.causal_conv1d_fn, hf.MambaRMSNormGated.forward)
-    model = mamba2(hidden_act="gelu", num_hidden_layers=1)  # gelu: the conv op refuses it
-    with pytest.raises(ssmcc.CaptureError, match="activation 'gelu' is not supported"):
+    model = mamba2(n_groups=4, num_hidden_layers=1)  # 4 groups of 6 heads: ssd_scan refuses
+    with pytest.raises(ssmcc.CaptureError, match="B has 4 groups, which does not divide heads=6"):
         ssmcc.capture(model, (torch.zeros(2, 5, dtype=torch.long),))
     ssmcc.capture(mamba2(num_hidden_layers=1), (torch.zeros(2, 5, dtype=torch.long),))
     assert (hf.mamba2_chunk_scan, hf.causal_conv1d_fn, hf.MambaRMSNormGated.forward) == originals

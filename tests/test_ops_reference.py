@@ -187,7 +187,11 @@ def conv_loops(x, weight, bias, initial, activation):
     for b, c, t in itertools.product(range(batch), range(dim), range(length)):
         acc = sum(weight[c, j] * xs[b, c, t + j] for j in range(width))
         acc += 0.0 if bias is None else float(bias[c])
-        out[b, c, t] = silu(acc) if activation == "silu" else acc
+        out[b, c, t] = acc
+    if activation is not None:  # Hugging Face's own definition of the name
+        from transformers.activations import ACT2FN
+
+        out = ACT2FN[activation](torch.from_numpy(out)).numpy()
     return out, xs[:, :, length:]
 
 
@@ -195,7 +199,16 @@ def conv_loops(x, weight, bias, initial, activation):
 @pytest.mark.parametrize("width", [2, 4])
 @pytest.mark.parametrize(
     "with_bias,with_state,activation",
-    [(False, False, None), (True, True, "silu"), (True, False, "silu")],
+    [
+        (False, False, None),
+        (True, True, "silu"),
+        (True, False, "silu"),
+        (True, True, "gelu"),
+        (False, True, "gelu_new"),
+        (True, False, "gelu_fast"),
+        (True, True, "relu"),
+        (False, False, "relu2"),
+    ],
 )
 def test_causal_conv1d_matches_loops(length, width, with_bias, with_state, activation):
     g = torch.Generator().manual_seed(length * 10 + width)
@@ -209,15 +222,16 @@ def test_causal_conv1d_matches_loops(length, width, with_bias, with_state, activ
     np.testing.assert_allclose(final.numpy(), exp_final, rtol=1e-6, atol=1e-6)
 
 
-def test_conv_update_chain_equals_full_conv():
+@pytest.mark.parametrize("activation", ["silu", "gelu", "gelu_pytorch_tanh", "relu2"])
+def test_conv_update_chain_equals_full_conv(activation):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(3, 7, 12, generator=g)
     weight, bias = torch.randn(7, 4, generator=g), torch.randn(7, generator=g)
-    full, full_state = causal_conv1d_ref(x, weight, bias, None, "silu")
-    out, state = causal_conv1d_ref(x[..., :5], weight, bias, None, "silu")
+    full, full_state = causal_conv1d_ref(x, weight, bias, None, activation)
+    out, state = causal_conv1d_ref(x[..., :5], weight, bias, None, activation)
     steps = [out]
     for t in range(5, 12):
-        y, state = causal_conv1d_update_ref(x[..., t], state, weight, bias, "silu")
+        y, state = causal_conv1d_update_ref(x[..., t], state, weight, bias, activation)
         steps.append(y[..., None])
     torch.testing.assert_close(torch.cat(steps, -1), full, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(state, full_state)
@@ -244,5 +258,5 @@ def test_selective_scan_rejects_bad_shapes_by_name(mutate, message):
 
 
 def test_conv_rejects_unknown_activation():
-    with pytest.raises(RuntimeError, match="activation 'gelu' is not supported"):
-        torch.ops.ssmcc.causal_conv1d(torch.zeros(1, 2, 3), torch.zeros(2, 4), None, None, "gelu")
+    with pytest.raises(RuntimeError, match="causal_conv1d: activation 'mish' is not supported"):
+        torch.ops.ssmcc.causal_conv1d(torch.zeros(1, 2, 3), torch.zeros(2, 4), None, None, "mish")

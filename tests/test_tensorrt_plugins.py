@@ -14,11 +14,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 pytest.importorskip("triton")
 
+from ssmcc.errors import LoweringError  # noqa: E402
 from ssmcc.lowering.tensorrt.plugin_launch import launch_plugin, output_shapes  # noqa: E402
 from ssmcc.lowering.tensorrt.specs import FLOAT32, INT_OPS, SPECS  # noqa: E402
 from ssmcc.ops import SSMCC_OPS  # noqa: E402
+from ssmcc.ops.activations import FORMS  # noqa: E402
 
-ACTIVATIONS = {0: None, 1: "silu"}
+CONVS = ("CausalConv1d", "CausalConv1dUpdate")
 
 
 def node_inputs(op_type: str, sizes: dict, make) -> dict:
@@ -93,8 +95,8 @@ def call_op(op_type: str, t: dict, attributes: dict):
     args = [t[name] for name in spec.inputs]
     if "has_z" in attributes and not attributes["has_z"]:
         args[spec.inputs.index("z")] = None
-    if op_type in ("CausalConv1d", "CausalConv1dUpdate"):
-        return op(*args, ACTIVATIONS[attributes["activation"]])
+    if op_type in CONVS:  # the attribute is the activation's code; its form is a name the op takes
+        return op(*args, FORMS[attributes["activation"]])
     if op_type == "RmsNormGated":
         group, eps = attributes["group_size"], attributes["eps"]
         return (op(*args, group, eps, bool(attributes["norm_before_gate"])),)
@@ -136,6 +138,8 @@ def random_attributes(op_type: str, sizes: dict, rng: random.Random) -> dict:
     flags = {name: rng.randint(0, 1) for name, _ in SPECS[op_type].attributes}
     eps, dt_max = rng.choice([1e-5, 1e-6, 0.1]), rng.choice([math.inf, 0.1, 5.0])
     values = attributes_for(op_type, sizes, rng.randint(0, 1), eps, dt_max)
+    if op_type in CONVS:
+        flags["activation"] = rng.randrange(len(FORMS))
     return values | {k: v for k, v in flags.items() if k not in floats}
 
 
@@ -218,3 +222,45 @@ def test_plugin_kernel_equals_the_reference(op_type, case):
     for g, e in zip(got, expected, strict=True):
         assert g.shape == e.shape and g.dtype == e.dtype
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("op_type", CONVS)
+@pytest.mark.parametrize("code", range(len(FORMS)))
+def test_conv_plugin_kernel_applies_each_activation(op_type, code):
+    """The conv plugins with each activation code (a constant of the specialisation) against the
+    op with that activation (float32, 1e-5); inputs spread over [-4, 4] so every form's curve
+    (erf and tanh's bends, relu's kink) is crossed."""
+    sizes = dict(b=2, d=70, n=1, g=1, k=4, l=9, h=1, p=1)
+    generator = torch.Generator().manual_seed(code)
+    inputs = node_inputs(
+        op_type, sizes, lambda shape, _: 2 * torch.randn(shape, generator=generator)
+    )
+    attributes = {"activation": code}
+    made = SPECS[op_type].constexprs(attributes, {("weight", 1): sizes["k"]})
+    assert made["ACTIVATION"] == code
+    got = launch_plugin(SPECS[op_type], inputs, attributes)
+    expected = call_op(op_type, inputs, attributes)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("op_type", CONVS)
+def test_conv_plugin_refuses_an_unknown_activation_code(op_type):
+    with pytest.raises(LoweringError, match="activation attribute is 6; the codes are 0-5"):
+        SPECS[op_type].constexprs({"activation": 6}, {("weight", 1): 4})
+
+
+def test_every_activation_of_the_conv_plugin_compiles_to_its_own_ptx(tmp_path):
+    """The conv plugin's specialisation for each activation code builds (Triton compiled, no GPU
+    needed) into PTX of its own: the constant selects the form's code, erf and tanh included."""
+    from ssmcc.kernels.triton import aot
+    from ssmcc.lowering.tensorrt.kernels_aot import specialization
+
+    pointers = {name: "*fp32" for name in SPECS["CausalConv1d"].inputs}
+    made = [
+        specialization("CausalConv1d", {"activation": code}, {("weight", 1): 4}, pointers)
+        for code in range(len(FORMS))
+    ]
+    manifest = aot.build(made, ("sm_90",), str(tmp_path / "out"))
+    texts = [(tmp_path / "out" / entry["ptx"]).read_text() for entry in manifest["kernels"]]
+    assert len(texts) == len(FORMS) and len(set(texts)) == len(FORMS)

@@ -58,6 +58,7 @@ KERNEL_HEADERS = [
     "mamba_mixer.h",
     "mixer_weight.h",
     "moe_experts.h",
+    "activations.h",
     "vector_math.h",
     "denormals.h",
     "small_gemm.h",

@@ -5,14 +5,15 @@
 //
 //   out[t, ch] = act(bias[ch] + sum_j w[ch, j] xs[t + j, ch]),   xs = (state (k-1 entries), in)
 //
-// and the state after the last position is the last k-1 entries of xs. The step form reads one
-// position per batch row (in (b, width)) and shifts the state by one.
+// (act: one of activations.h), and the state after the last position is the last k-1 entries of
+// xs. The step form reads one position per batch row (in (b, width)) and shifts the state by one.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
+#include "activations.h"
 #include "tuning.h"
 
 namespace ssmcc {
@@ -24,7 +25,7 @@ struct ConvChannelsLast {
   const float *bias, *state;           // (c,) or null; (b, c, k-1) or null (zeros)
   float *out, *state_out;              // (b, l, c); (b, c, k-1)
   int64_t batch, length, channels, kernel;
-  bool silu;
+  Activation activation;
 };
 
 inline int64_t conv_blocks(int64_t length) {
@@ -61,10 +62,7 @@ inline void conv_channels_last_rows(const ConvChannelsLast& a, int64_t row_begin
           for (int64_t ch = 0; ch < c; ++ch) out[ch] += w[ch] * s[ch * history];
         }
       }
-      if (a.silu) {
-#pragma omp simd
-        for (int64_t ch = 0; ch < c; ++ch) out[ch] = out[ch] / (1.f + std::exp(-out[ch]));
-      }
+      activate_span(out, c, a.activation);
     }
   }
 }
@@ -105,10 +103,7 @@ inline void conv_channels_last_step_rows(const ConvChannelsLast& a, int64_t row_
       for (int64_t j = 0; j + 1 < history; ++j) n[j] = s[j + 1];
       if (history > 0) n[history - 1] = x[ch];
     }
-    if (a.silu) {
-#pragma omp simd
-      for (int64_t ch = 0; ch < c; ++ch) out[ch] = out[ch] / (1.f + std::exp(-out[ch]));
-    }
+    activate_span(out, c, a.activation);
   }
 }
 

@@ -49,7 +49,8 @@ struct MambaMixerArgs {
   float *xc, *dbc, *dt;                        // scratch (b, l, d), (b, l, E), (b, l, d)
   int64_t batch, length, width, x_offset, z_offset;  // z_offset < 0: no gate
   int64_t channels, kernel, rank, dstate;
-  bool silu, softplus, rms;
+  Activation activation;  // the conv's
+  bool softplus, rms;
   float rms_eps;
 
   int64_t projected() const { return rank + 2 * dstate; }
@@ -59,7 +60,7 @@ struct MambaMixerArgs {
 inline ConvChannelsLast mamba_mixer_conv(const MambaMixerArgs& a) {
   return {a.proj,      a.width,      a.x_offset, a.conv_weight, a.conv_weight_t,
           a.conv_bias, a.conv_state, a.xc,       a.conv_state_out, a.batch,
-          a.length,    a.channels,   a.kernel,   a.silu};
+          a.length,    a.channels,   a.kernel,   a.activation};
 }
 
 // v /= sqrt(mean(v^2) + eps) over ``size`` floats.

@@ -18,7 +18,7 @@ import torch
 from ssmcc.kernels.cpu.native import as_f32, call_kernel, pointer
 from ssmcc.kernels.cpu.quantized_binding import mixer_weight_args
 from ssmcc.kernels.cpu.ssd_binding import _per_channel_D
-from ssmcc.ops._shapes import uses_silu
+from ssmcc.ops.activations import activation_code
 from ssmcc.ops.mamba_mixer import check_mamba_mixer_args, mamba_mixer_sizes
 from ssmcc.ops.ssd_mixer import check_ssd_mixer_args, mixer_sizes
 
@@ -68,7 +68,7 @@ def _run(
         int(xbc_offset),
         int(dt_offset),
         int(norm_group_size),
-        int(uses_silu("ssd_mixer", activation)),
+        activation_code("ssd_mixer", activation),
         int(bool(dt_softplus)),
         int(bool(norm_before_gate)),
         float(dt_min),
@@ -352,7 +352,7 @@ def _run_mamba(
         s["width"],
         s["rank"],
         s["state"],
-        int(uses_silu("mamba_mixer", activation)),
+        activation_code("mamba_mixer", activation),
         int(bool(delta_softplus)),
         int(bcdt_rms_eps is not None),
         float(bcdt_rms_eps or 0.0),

@@ -20,11 +20,13 @@
 #include <string>
 #include <vector>
 
+#include "activations.h"
 #include "mixer_weight.h"
 
 namespace ssmcc {
 
-// ACTIVATIONS of ssmcc/ops/moe_experts.py, in that order.
+// ACTIVATIONS of ssmcc/ops/moe_experts.py, in that order (the node's codes, an order of their
+// own: the math is activations.h's).
 enum class ExpertActivation : int { kSilu = 0, kGelu = 1, kGeluTanh = 2, kRelu = 3, kRelu2 = 4 };
 
 // "" when ``activation`` names one of ExpertActivation, else why not (``op`` leads the message).
@@ -34,19 +36,16 @@ inline std::string check_expert_activation(const std::string& op, int64_t activa
               "got " + std::to_string(activation);
 }
 
+// The form (activations.h) of an ExpertActivation code.
+inline Activation expert_activation_form(int activation) {
+  static constexpr Activation kForms[] = {Activation::kSilu, Activation::kGelu,
+                                          Activation::kGeluTanh, Activation::kRelu,
+                                          Activation::kRelu2};
+  return kForms[activation];
+}
+
 inline float expert_activation(float x, int activation) {
-  switch (static_cast<ExpertActivation>(activation)) {
-    case ExpertActivation::kSilu:
-      return x / (1.f + std::exp(-x));
-    case ExpertActivation::kGelu:
-      return 0.5f * x * (1.f + std::erf(x * 0.70710678118654752f));
-    case ExpertActivation::kGeluTanh:
-      return 0.5f * x * (1.f + std::tanh(0.79788456080286536f * (x + 0.044715f * x * x * x)));
-    case ExpertActivation::kRelu:
-      return x > 0.f ? x : 0.f;
-    default:
-      return x > 0.f ? x * x : 0.f;
-  }
+  return activate(x, expert_activation_form(activation));
 }
 
 // Expert ``e``'s (rows, cols) matrix of an (E, rows, cols) weight.

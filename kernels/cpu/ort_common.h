@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "activations.h"
 #include "denormals.h"
 #include "gemv_quantized.h"
 #include "onnxruntime_cxx_api.h"
@@ -151,6 +152,13 @@ inline int storage_of(ONNXTensorElementDataType type) {
     default:
       return -1;
   }
+}
+
+// A node's ``activation`` attribute (activations.h's codes); thrown when it names none, which
+// the kernel's constructor reports as the node's error when the session is created.
+inline void require_activation(const std::string& op, int64_t code) {
+  const std::string invalid = check_activation(op, code);
+  if (!invalid.empty()) throw std::invalid_argument(invalid);
 }
 
 // Kernel::Compute behind ComputeV2: an exception becomes an ORT_INVALID_ARGUMENT status.

@@ -53,11 +53,16 @@ struct MambaMixerKernel {
     softplus = k.GetAttribute<int64_t>("delta_softplus");
     has_rms = k.GetAttribute<int64_t>("has_rms");
     rms_eps = k.GetAttribute<float>("rms_eps");
+    require_activation(std::string("ssmcc.") + name(), activation);
+  }
+
+  static const char* name() {
+    return kQuantized ? (kStep ? "QuantizedMambaMixerStep" : "QuantizedMambaMixer")
+                      : (kStep ? "MambaMixerStep" : "MambaMixer");
   }
 
   void Compute(OrtKernelContext* raw) {
-    const char* op = kQuantized ? (kStep ? "QuantizedMambaMixerStep" : "QuantizedMambaMixer")
-                                : (kStep ? "MambaMixerStep" : "MambaMixer");
+    const char* op = name();
     Ort::KernelContext ctx(raw);
     const Inputs in(ctx, op, kQuantized ? 12 : 10);
     const Shape proj = kStep ? in.expect(0, "zx", {kAny, kAny}, "(b, w)")
@@ -101,7 +106,7 @@ struct MambaMixerKernel {
         in.data(8), in.data(9), y.GetTensorMutableData<float>(),
         conv_out.GetTensorMutableData<float>(), ssm_out.GetTensorMutableData<float>(),
         xc.data(), dbc.data(), dt.data(), batch, length, width, x_offset, z_at, d, kernel, rank,
-        n, activation != 0, softplus != 0, has_rms != 0, rms_eps};
+        n, static_cast<ssmcc::Activation>(activation), softplus != 0, has_rms != 0, rms_eps};
     const ssmcc::ConvChannelsLast conv = ssmcc::mamba_mixer_conv(a);
     if (kStep) {
       ssmcc::conv_channels_last_step_rows(conv, 0, batch);

@@ -38,6 +38,7 @@ struct SsdMixerKernel {
     eps = k.GetAttribute<float>("eps");
     dt_min = k.GetAttribute<float>("dt_min");
     dt_max = k.GetAttribute<float>("dt_max");
+    require_activation(std::string("ssmcc.") + (kStep ? "SsdMixerStep" : "SsdMixer"), activation);
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -77,7 +78,8 @@ struct SsdMixerKernel {
                              y.GetTensorMutableData<float>(), conv_out.GetTensorMutableData<float>(),
                              ssm_out.GetTensorMutableData<float>(), xbc.data(), batch, length,
                              width, heads, head_dim, groups, dstate, kernel, z_at, xbc_offset,
-                             dt_offset, norm_group_size, activation != 0, softplus != 0,
+                             dt_offset, norm_group_size, static_cast<ssmcc::Activation>(activation),
+                             softplus != 0,
                              norm_before_gate != 0, dt_min, dt_max, eps};
     if (kStep) {
       ssmcc::conv_channels_last_step_rows(ssmcc::mixer_conv(a), 0, batch);

@@ -62,6 +62,7 @@ struct CausalConv1dKernel {
   int64_t activation;
   CausalConv1dKernel(const OrtApi&, const OrtKernelInfo* info) {
     activation = Ort::ConstKernelInfo(info).GetAttribute<int64_t>("activation");
+    require_activation("ssmcc.CausalConv1d", activation);
   }
   void Compute(OrtKernelContext* raw) {
     Ort::KernelContext ctx(raw);
@@ -76,7 +77,8 @@ struct CausalConv1dKernel {
     ssmcc::ConvArgs args{in.data(0), in.data(1), in.data(2), in.data(3),
                          out.GetTensorMutableData<float>(),
                          final_state.GetTensorMutableData<float>(),
-                         x[0], x[1], x[2], width, activation == 1};
+                         x[0], x[1], x[2], width,
+                         static_cast<ssmcc::Activation>(activation)};
     parallel_rows<ssmcc::ConvArgs, ssmcc::causal_conv1d_rows>(raw, args, x[0] * x[1]);
   }
 };
@@ -121,6 +123,7 @@ struct CausalConv1dUpdateKernel {
   int64_t activation;
   CausalConv1dUpdateKernel(const OrtApi&, const OrtKernelInfo* info) {
     activation = Ort::ConstKernelInfo(info).GetAttribute<int64_t>("activation");
+    require_activation("ssmcc.CausalConv1dUpdate", activation);
   }
   void Compute(OrtKernelContext* raw) {
     Ort::KernelContext ctx(raw);
@@ -135,7 +138,8 @@ struct CausalConv1dUpdateKernel {
     ssmcc::ConvStepArgs args{in.data(0), in.data(1), in.data(2), in.data(3),
                              out.GetTensorMutableData<float>(),
                              new_state.GetTensorMutableData<float>(),
-                             x[0], x[1], width, activation == 1};
+                             x[0], x[1], width,
+                             static_cast<ssmcc::Activation>(activation)};
     parallel_rows<ssmcc::ConvStepArgs, ssmcc::causal_conv1d_update_rows>(raw, args, x[0] * x[1]);
   }
 };

@@ -35,7 +35,8 @@ struct MixerArgs {
   float* xbc;                                 // scratch (b, l, c)
   int64_t batch, length, width, heads, head_dim, groups, dstate, kernel;
   int64_t z_offset, xbc_offset, dt_offset, norm_group_size;  // z_offset < 0: no gate
-  bool silu, dt_softplus, norm_before_gate;
+  Activation activation;  // the conv's
+  bool dt_softplus, norm_before_gate;
   float dt_min, dt_max, eps;
 
   int64_t inner() const { return heads * head_dim; }
@@ -46,7 +47,7 @@ struct MixerArgs {
 inline ConvChannelsLast mixer_conv(const MixerArgs& a) {
   return {a.proj,      a.width,          a.xbc_offset, a.conv_weight, a.conv_weight_t,
           a.conv_bias, a.conv_state,     a.xbc,        a.conv_state_out, a.batch,
-          a.length,    a.channels(),     a.kernel,     a.silu};
+          a.length,    a.channels(),     a.kernel,     a.activation};
 }
 
 // Phase 2's arguments: the scan (or, for a step, the state update: ``length`` 1, tokens = rows).

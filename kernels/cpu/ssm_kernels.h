@@ -10,7 +10,8 @@
 // vectorises (with -ffast-math GCC calls glibc's vector expf; the one-step update, one call per
 // row, uses vector_math.h's inline exp when the state is whole vectors); softplus, the D skip and the gate
 // run in separate loops over t, which vectorise too.
-// causal_conv1d: out_t = act(bias + sum_j w[j] xs[t + j]), xs = (state[k-1], x[l]); the final
+// causal_conv1d: out_t = act(bias + sum_j w[j] xs[t + j]), xs = (state[k-1], x[l]), act one of
+// activations.h; the final
 // state is the last k-1 entries of xs. The *_update kernels are the one-step forms.
 // Optional pointers (D, z, delta_bias, h0, bias, state) may be null: zero / no gate.
 // The sizes must satisfy the input contracts of contracts.h (every binding checks them first):
@@ -22,6 +23,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "activations.h"
 #include "gemv.h"
 #include "tuning.h"
 #include "vector_math.h"
@@ -123,7 +125,7 @@ struct ConvArgs {
   const float *x, *weight, *bias, *state0;  // state0: (b, d, k-1) or null
   float *out, *final_state;
   int64_t batch, dim, length, width;
-  bool silu;
+  Activation activation;
 };
 
 inline void causal_conv1d_rows(const ConvArgs& a, int64_t row_begin, int64_t row_end) {
@@ -144,8 +146,7 @@ inline void causal_conv1d_rows(const ConvArgs& a, int64_t row_begin, int64_t row
       for (int64_t t = 0; t < first; ++t) out[t] += wj * (prev ? prev[t + j] : 0.f);
       for (int64_t t = first; t < length; ++t) out[t] += wj * x[t + shift];
     }
-    if (a.silu)
-      for (int64_t t = 0; t < length; ++t) out[t] = out[t] / (1.f + std::exp(-out[t]));
+    activate_span(out, length, a.activation);
     float* fin = a.final_state + row * history;
     for (int64_t p = 0; p < history; ++p) {
       const int64_t index = length + p;  // xs index
@@ -261,7 +262,7 @@ struct ConvStepArgs {
   const float *x, *state, *weight, *bias;  // state: (b, d, k-1)
   float *out, *new_state;
   int64_t batch, dim, width;
-  bool silu;
+  Activation activation;
 };
 
 inline void causal_conv1d_update_rows(const ConvStepArgs& a, int64_t row_begin, int64_t row_end) {
@@ -277,9 +278,8 @@ inline void causal_conv1d_update_rows(const ConvStepArgs& a, int64_t row_begin, 
     for (int64_t j = 0; j + 1 < history; ++j) ns[j] = s[j + 1];
     if (history > 0) ns[history - 1] = a.x[row];
   }
-  if (a.silu)  // a separate loop over the rows, which vectorises
-    for (int64_t row = row_begin; row < row_end; ++row)
-      a.out[row] = a.out[row] / (1.f + std::exp(-a.out[row]));
+  // a separate loop over the rows, which vectorises
+  activate_span(a.out + row_begin, row_end - row_begin, a.activation);
 }
 
 }  // namespace ssmcc

@@ -17,7 +17,7 @@ from ssmcc.kernels.cpu.moe_binding import MOE_KERNELS, MOE_VERIFIED_KERNELS
 from ssmcc.kernels.cpu.native import as_f32, available, call_kernel, library, pointer  # noqa: F401
 from ssmcc.kernels.cpu.quantized_binding import QUANTIZED_KERNELS, QUANTIZED_VERIFIED_KERNELS
 from ssmcc.kernels.cpu.ssd_binding import SSD_KERNELS, SSD_VERIFIED_KERNELS
-from ssmcc.ops._shapes import uses_silu
+from ssmcc.ops.activations import activation_code
 from ssmcc.ops.causal_conv1d import check_causal_conv1d_args, check_causal_conv1d_update_args
 from ssmcc.ops.selective_scan import check_selective_scan_args
 from ssmcc.ops.selective_state_update import check_selective_state_update_args
@@ -78,7 +78,7 @@ def _causal_conv1d(x, weight, bias=None, initial_state=None, activation=None):
         dim,
         length,
         width,
-        int(uses_silu("causal_conv1d", activation)),
+        activation_code("causal_conv1d", activation),
         torch.get_num_threads(),
     )
     return out.to(x.dtype), final
@@ -134,7 +134,7 @@ def _causal_conv1d_update(x, conv_state, weight, bias=None, activation=None):
         batch,
         dim,
         weight.shape[1],
-        int(uses_silu("causal_conv1d_update", activation)),
+        activation_code("causal_conv1d_update", activation),
         torch.get_num_threads(),
     )
     return out.to(x.dtype), new_state

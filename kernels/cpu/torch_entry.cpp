@@ -88,11 +88,13 @@ SSMCC_EXPORT int ssmcc_selective_scan_f32(const float* u, const float* delta, co
 SSMCC_EXPORT int ssmcc_causal_conv1d_f32(const float* x, const float* weight, const float* bias,
                                          const float* state0, float* out, float* final_state,
                                          int64_t batch, int64_t dim, int64_t length,
-                                         int64_t width, int32_t silu, int32_t threads) {
-  const auto contract = ssmcc::check_conv("causal_conv1d", batch, dim, length, width);
+                                         int64_t width, int32_t activation, int32_t threads) {
+  const auto contract =
+      ssmcc::first_error({ssmcc::check_conv("causal_conv1d", batch, dim, length, width),
+                          ssmcc::check_activation("causal_conv1d", activation)});
   return guarded(contract, [&] {
     ssmcc::ConvArgs args{x, weight, bias, state0, out, final_state, batch, dim, length, width,
-                         silu != 0};
+                         static_cast<ssmcc::Activation>(activation)};
     parallel_rows(batch * dim, length * width, threads,
                   [&](int64_t b, int64_t e) { ssmcc::causal_conv1d_rows(args, b, e); });
   });
@@ -122,12 +124,14 @@ SSMCC_EXPORT int ssmcc_selective_state_update_f32(const float* state, const floa
 SSMCC_EXPORT int ssmcc_causal_conv1d_update_f32(const float* x, const float* state,
                                                 const float* weight, const float* bias,
                                                 float* out, float* new_state, int64_t batch,
-                                                int64_t dim, int64_t width, int32_t silu,
+                                                int64_t dim, int64_t width, int32_t activation,
                                                 int32_t threads) {
-  const auto contract = ssmcc::check_conv("causal_conv1d_update", batch, dim, 1, width);
+  const auto contract =
+      ssmcc::first_error({ssmcc::check_conv("causal_conv1d_update", batch, dim, 1, width),
+                          ssmcc::check_activation("causal_conv1d_update", activation)});
   return guarded(contract, [&] {
     ssmcc::ConvStepArgs args{x, state, weight, bias, out, new_state, batch, dim, width,
-                             silu != 0};
+                             static_cast<ssmcc::Activation>(activation)};
     parallel_rows(batch * dim, width, threads,
                   [&](int64_t b, int64_t e) { ssmcc::causal_conv1d_update_rows(args, b, e); });
   });
@@ -183,12 +187,13 @@ int ssd_mixer_entry(bool step, const float* proj, const float* conv_weight,
                     int64_t length, int64_t width, int64_t heads, int64_t head_dim,
                     int64_t groups, int64_t dstate, int64_t kernel, int64_t z_offset,
                     int64_t xbc_offset, int64_t dt_offset, int64_t norm_group_size,
-                    int32_t silu, int32_t softplus, int32_t norm_before_gate, float dt_min,
-                    float dt_max, float eps, int32_t threads) {
+                    int32_t activation, int32_t softplus, int32_t norm_before_gate,
+                    float dt_min, float dt_max, float eps, int32_t threads) {
   const char* op = step ? "ssd_mixer_step" : "ssd_mixer";
-  const auto contract =
-      ssmcc::check_ssd_mixer(op, batch, length, width, heads, head_dim, groups, dstate, kernel,
-                             z_offset, xbc_offset, dt_offset, norm_group_size);
+  const auto contract = ssmcc::first_error(
+      {ssmcc::check_ssd_mixer(op, batch, length, width, heads, head_dim, groups, dstate, kernel,
+                              z_offset, xbc_offset, dt_offset, norm_group_size),
+       ssmcc::check_activation(op, activation)});
   return guarded(contract, [&] {
     const int64_t channels = heads * head_dim + 2 * groups * dstate;
     std::vector<float> weight_t(step ? 0 : kernel * channels), xbc(batch * length * channels);
@@ -197,8 +202,9 @@ int ssd_mixer_entry(bool step, const float* proj, const float* conv_weight,
                              norm_weight, conv_state, ssm_state, y, conv_state_out,
                              ssm_state_out, xbc.data(),
                              batch, length, width, heads, head_dim, groups, dstate, kernel,
-                             z_offset, xbc_offset, dt_offset, norm_group_size, silu != 0,
-                             softplus != 0, norm_before_gate != 0, dt_min, dt_max, eps};
+                             z_offset, xbc_offset, dt_offset, norm_group_size,
+                             static_cast<ssmcc::Activation>(activation), softplus != 0,
+                             norm_before_gate != 0, dt_min, dt_max, eps};
     const int64_t inner = heads * head_dim;
     if (step) {
       ssmcc::conv_channels_last_step_rows(ssmcc::mixer_conv(a), 0, batch);
@@ -229,13 +235,13 @@ SSMCC_EXPORT int ssmcc_ssd_mixer_f32(const float* proj, const float* conv_weight
                                      int64_t length, int64_t width, int64_t heads,
                                      int64_t head_dim, int64_t groups, int64_t dstate,
                                      int64_t kernel, int64_t z_offset, int64_t xbc_offset,
-                                     int64_t dt_offset, int64_t norm_group_size, int32_t silu,
+                                     int64_t dt_offset, int64_t norm_group_size, int32_t activation,
                                      int32_t softplus, int32_t norm_before_gate, float dt_min,
                                      float dt_max, float eps, int32_t threads) {
   return ssd_mixer_entry(false, proj, conv_weight, conv_bias, A, D, dt_bias, norm_weight,
                          conv_state, ssm_state, y, conv_state_out, ssm_state_out, batch, length,
                          width, heads, head_dim, groups, dstate, kernel, z_offset, xbc_offset,
-                         dt_offset, norm_group_size, silu, softplus, norm_before_gate, dt_min,
+                         dt_offset, norm_group_size, activation, softplus, norm_before_gate, dt_min,
                          dt_max, eps, threads);
 }
 
@@ -248,13 +254,13 @@ SSMCC_EXPORT int ssmcc_ssd_mixer_step_f32(const float* proj, const float* conv_w
                                           int64_t head_dim, int64_t groups, int64_t dstate,
                                           int64_t kernel, int64_t z_offset, int64_t xbc_offset,
                                           int64_t dt_offset, int64_t norm_group_size,
-                                          int32_t silu, int32_t softplus,
+                                          int32_t activation, int32_t softplus,
                                           int32_t norm_before_gate, float dt_min, float dt_max,
                                           float eps, int32_t threads) {
   return ssd_mixer_entry(true, proj, conv_weight, conv_bias, A, D, dt_bias, norm_weight,
                          conv_state, ssm_state, y, conv_state_out, ssm_state_out, batch, 1,
                          width, heads, head_dim, groups, dstate, kernel, z_offset, xbc_offset,
-                         dt_offset, norm_group_size, silu, softplus, norm_before_gate, dt_min,
+                         dt_offset, norm_group_size, activation, softplus, norm_before_gate, dt_min,
                          dt_max, eps, threads);
 }
 
@@ -403,11 +409,12 @@ int mamba_mixer_entry(bool step, const float* proj, const float* conv_weight,
                       float* y, float* conv_state_out, float* ssm_state_out, int64_t batch,
                       int64_t length, int64_t width, int64_t x_offset, int64_t z_offset,
                       int64_t channels, int64_t kernel, int64_t rank, int64_t dstate,
-                      int32_t silu, int32_t softplus, int32_t rms, float rms_eps,
+                      int32_t activation, int32_t softplus, int32_t rms, float rms_eps,
                       int32_t threads) {
   const char* op = step ? "mamba_mixer_step" : "mamba_mixer";
   std::string contract = ssmcc::check_mamba_mixer(op, batch, length, width, x_offset, z_offset,
                                                   channels, kernel, rank, dstate);
+  if (contract.empty()) contract = ssmcc::check_activation(op, activation);
   const int64_t E = rank + 2 * dstate;
   if (contract.empty()) contract = ssmcc::check_mixer_weight(op, "x_proj", x_proj, channels);
   if (contract.empty()) contract = ssmcc::check_mixer_weight(op, "dt_proj", dt_proj, rank);
@@ -425,7 +432,8 @@ int mamba_mixer_entry(bool step, const float* proj, const float* conv_weight,
         D,         dt_bias,          conv_state,       ssm_state,      y,
         conv_state_out,  ssm_state_out, xc.data(),     dbc.data(),     dt.data(),
         batch,     length,           width,            x_offset,       z_offset,
-        channels,  kernel,           rank,             dstate,         silu != 0,
+        channels,  kernel,           rank,             dstate,
+        static_cast<ssmcc::Activation>(activation),
         softplus != 0,   rms != 0,   rms_eps};
     const ssmcc::ConvChannelsLast conv = ssmcc::mamba_mixer_conv(a);
     if (step) {
@@ -462,7 +470,7 @@ SSMCC_EXPORT int ssmcc_mamba_mixer_f32(
     const float* conv_state, const float* ssm_state, float* y, float* conv_state_out,
     float* ssm_state_out, int64_t batch, int64_t length, int64_t width, int64_t x_offset,
     int64_t z_offset, int64_t channels, int64_t kernel, int64_t rank, int64_t dstate,
-    int32_t silu, int32_t softplus, int32_t rms, float rms_eps, const float* x_proj_scale,
+    int32_t activation, int32_t softplus, int32_t rms, float rms_eps, const float* x_proj_scale,
     int32_t x_proj_storage, int64_t x_proj_groups, const float* dt_proj_scale,
     int32_t dt_proj_storage, int64_t dt_proj_groups, int32_t threads) {
   return mamba_mixer_entry(false, proj, conv_weight, conv_bias,
@@ -470,7 +478,7 @@ SSMCC_EXPORT int ssmcc_mamba_mixer_f32(
                            {dt_proj, dt_proj_scale, dt_proj_storage, dt_proj_groups}, A, D,
                            dt_bias, conv_state, ssm_state, y, conv_state_out, ssm_state_out,
                            batch, length, width, x_offset, z_offset, channels, kernel, rank,
-                           dstate, silu, softplus, rms, rms_eps, threads);
+                           dstate, activation, softplus, rms, rms_eps, threads);
 }
 
 SSMCC_EXPORT int ssmcc_mamba_mixer_step_f32(
@@ -478,7 +486,7 @@ SSMCC_EXPORT int ssmcc_mamba_mixer_step_f32(
     const void* dt_proj, const float* A, const float* D, const float* dt_bias,
     const float* conv_state, const float* ssm_state, float* y, float* conv_state_out,
     float* ssm_state_out, int64_t batch, int64_t width, int64_t x_offset, int64_t z_offset,
-    int64_t channels, int64_t kernel, int64_t rank, int64_t dstate, int32_t silu,
+    int64_t channels, int64_t kernel, int64_t rank, int64_t dstate, int32_t activation,
     int32_t softplus, int32_t rms, float rms_eps, const float* x_proj_scale,
     int32_t x_proj_storage, int64_t x_proj_groups, const float* dt_proj_scale,
     int32_t dt_proj_storage, int64_t dt_proj_groups, int32_t threads) {
@@ -487,7 +495,7 @@ SSMCC_EXPORT int ssmcc_mamba_mixer_step_f32(
                            {dt_proj, dt_proj_scale, dt_proj_storage, dt_proj_groups}, A, D,
                            dt_bias, conv_state, ssm_state, y, conv_state_out, ssm_state_out,
                            batch, 1, width, x_offset, z_offset, channels, kernel, rank, dstate,
-                           silu, softplus, rms, rms_eps, threads);
+                           activation, softplus, rms, rms_eps, threads);
 }
 
 // moe_experts for a few tokens (moe_experts.h): only the chosen experts' weights are read, once

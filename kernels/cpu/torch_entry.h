@@ -19,7 +19,7 @@ SSMCC_EXPORT int ssmcc_selective_scan_f32(const float* u, const float* delta, co
 SSMCC_EXPORT int ssmcc_causal_conv1d_f32(const float* x, const float* weight, const float* bias,
                                          const float* state0, float* out, float* final_state,
                                          int64_t batch, int64_t dim, int64_t length, int64_t width,
-                                         int32_t silu, int32_t threads);
+                                         int32_t activation, int32_t threads);
 
 SSMCC_EXPORT int ssmcc_selective_state_update_f32(const float* state, const float* x,
                                                   const float* dt, const float* A, const float* B,
@@ -33,7 +33,7 @@ SSMCC_EXPORT int ssmcc_selective_state_update_f32(const float* state, const floa
 SSMCC_EXPORT int ssmcc_causal_conv1d_update_f32(const float* x, const float* state,
                                                 const float* weight, const float* bias, float* out,
                                                 float* new_state, int64_t batch, int64_t dim,
-                                                int64_t width, int32_t silu, int32_t threads);
+                                                int64_t width, int32_t activation, int32_t threads);
 
 SSMCC_EXPORT int ssmcc_ssd_scan_f32(const float* x, const float* dt, const float* A, const float* B,
                                     const float* C, const float* D, const float* z,
@@ -52,7 +52,7 @@ SSMCC_EXPORT int ssmcc_ssd_mixer_f32(const float* proj, const float* conv_weight
                                      int64_t length, int64_t width, int64_t heads, int64_t head_dim,
                                      int64_t groups, int64_t dstate, int64_t kernel,
                                      int64_t z_offset, int64_t xbc_offset, int64_t dt_offset,
-                                     int64_t norm_group_size, int32_t silu, int32_t softplus,
+                                     int64_t norm_group_size, int32_t activation, int32_t softplus,
                                      int32_t norm_before_gate, float dt_min, float dt_max,
                                      float eps, int32_t threads);
 
@@ -64,7 +64,8 @@ SSMCC_EXPORT int ssmcc_ssd_mixer_step_f32(const float* proj, const float* conv_w
                                           int64_t batch, int64_t width, int64_t heads,
                                           int64_t head_dim, int64_t groups, int64_t dstate,
                                           int64_t kernel, int64_t z_offset, int64_t xbc_offset,
-                                          int64_t dt_offset, int64_t norm_group_size, int32_t silu,
+                                          int64_t dt_offset, int64_t norm_group_size,
+                                          int32_t activation,
                                           int32_t softplus, int32_t norm_before_gate, float dt_min,
                                           float dt_max, float eps, int32_t threads);
 
@@ -111,7 +112,7 @@ SSMCC_EXPORT int ssmcc_mamba_mixer_f32(
     const float* conv_state, const float* ssm_state, float* y, float* conv_state_out,
     float* ssm_state_out, int64_t batch, int64_t length, int64_t width, int64_t x_offset,
     int64_t z_offset, int64_t channels, int64_t kernel, int64_t rank, int64_t dstate,
-    int32_t silu, int32_t softplus, int32_t rms, float rms_eps, const float* x_proj_scale,
+    int32_t activation, int32_t softplus, int32_t rms, float rms_eps, const float* x_proj_scale,
     int32_t x_proj_storage, int64_t x_proj_groups, const float* dt_proj_scale,
     int32_t dt_proj_storage, int64_t dt_proj_groups, int32_t threads);
 
@@ -120,7 +121,7 @@ SSMCC_EXPORT int ssmcc_mamba_mixer_step_f32(
     const void* dt_proj, const float* A, const float* D, const float* dt_bias,
     const float* conv_state, const float* ssm_state, float* y, float* conv_state_out,
     float* ssm_state_out, int64_t batch, int64_t width, int64_t x_offset, int64_t z_offset,
-    int64_t channels, int64_t kernel, int64_t rank, int64_t dstate, int32_t silu,
+    int64_t channels, int64_t kernel, int64_t rank, int64_t dstate, int32_t activation,
     int32_t softplus, int32_t rms, float rms_eps, const float* x_proj_scale,
     int32_t x_proj_storage, int64_t x_proj_groups, const float* dt_proj_scale,
     int32_t dt_proj_storage, int64_t dt_proj_groups, int32_t threads);

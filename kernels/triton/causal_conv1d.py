@@ -4,7 +4,7 @@ depthwise causal convolution.
 Math (``ssmcc.ops.causal_conv1d``): with ``xs`` the k-1 previous inputs (the state, zeros when
 absent) followed by the new ones, for each channel c::
 
-    out_t[c]  = act( sum_{j<k} weight[c, j] xs[c, t + j] + bias[c] )      act: identity or silu
+    out_t[c]  = act( sum_{j<k} weight[c, j] xs[c, t + j] + bias[c] )   act: activations.py's
     state'    = the last k-1 entries of xs
 
 Sequence form: a program computes ``block_d`` channels x ``block_l`` positions; tap j of output t
@@ -19,8 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ssmcc.kernels.triton import configs
+from ssmcc.kernels.triton import activations, configs
 from ssmcc.kernels.triton.runtime import launch, next_power_of_2
+from ssmcc.ops.activations import activation_code
 
 
 @triton.jit
@@ -29,7 +30,7 @@ def _causal_conv1d_kernel(
     dim, length,
     s_xb, s_xd, s_xl, s_wd, s_wk, s_sb, s_sd, s_sk, s_ob, s_od, s_ol,
     WIDTH: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, SILU: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, ACTIVATION: tl.constexpr,
 ):
     b = tl.program_id(0)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -52,8 +53,7 @@ def _causal_conv1d_kernel(
         acc += w[:, None] * v
     if HAS_BIAS:
         acc += tl.load(bias_ptr + d, mask=mask_d, other=0.0).to(tl.float32)[:, None]
-    if SILU:
-        acc = acc / (1.0 + tl.exp(-acc))
+    acc = activations.activate(acc, ACTIVATION)
     tl.store(out_ptr + b * s_ob + d[:, None] * s_od + t[None, :] * s_ol, acc, mask=mask)
 
 
@@ -84,7 +84,8 @@ def _causal_conv1d_update_kernel(
     x_ptr, state_ptr, w_ptr, bias_ptr, out_ptr, new_ptr,
     dim,
     s_xb, s_xd, s_sb, s_sd, s_sk, s_wd, s_wk, s_ob, s_od, s_nb, s_nd, s_nk,
-    WIDTH: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    WIDTH: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
 ):
     b = tl.program_id(0)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -101,13 +102,8 @@ def _causal_conv1d_update_kernel(
         tl.store(new_ptr + b * s_nb + d * s_nd + (WIDTH - 2) * s_nk, x, mask=mask_d)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + d, mask=mask_d, other=0.0).to(tl.float32)
-    if SILU:
-        acc = acc / (1.0 + tl.exp(-acc))
+    acc = activations.activate(acc, ACTIVATION)
     tl.store(out_ptr + b * s_ob + d * s_od, acc, mask=mask_d)
-
-
-def _silu(activation) -> bool:
-    return activation in ("silu", "swish")
 
 
 def causal_conv1d_fwd(x, weight, bias=None, initial_state=None, activation=None, out=None):
@@ -131,7 +127,8 @@ def causal_conv1d_fwd(x, weight, bias=None, initial_state=None, activation=None,
             x, weight, bias if bias is not None else weight, state, out, dim, length,
             *x.stride(), *weight.stride(), *state.stride(), *out.stride(),
             WIDTH=width, BLOCK_D=block_d, BLOCK_L=block_l, HAS_BIAS=bias is not None,
-            HAS_STATE=initial_state is not None, SILU=_silu(activation),
+            HAS_STATE=initial_state is not None,
+            ACTIVATION=activation_code("causal_conv1d", activation),
             num_warps=config.num_warps,
         )
     if width > 1:
@@ -160,7 +157,8 @@ def causal_conv1d_update_fwd(x, conv_state, weight, bias=None, activation=None, 
     launch(_causal_conv1d_update_kernel, (batch, -(-dim // block_d)))(
         x, conv_state, weight, bias if bias is not None else weight, out, new, dim,
         *x.stride(), *state_strides, *weight.stride(), *out.stride(), *new_strides,
-        WIDTH=width, BLOCK_D=block_d, HAS_BIAS=bias is not None, SILU=_silu(activation),
+        WIDTH=width, BLOCK_D=block_d, HAS_BIAS=bias is not None,
+        ACTIVATION=activation_code("causal_conv1d_update", activation),
         num_warps=config.num_warps,
     )
     return out, new

@@ -21,9 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ssmcc.kernels.triton import activations
 from ssmcc.kernels.triton.runtime import launch, next_power_of_2
-
-ACTIVATION_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3, "relu2": 4}
+from ssmcc.ops.activations import FORMS
 
 
 @triton.jit
@@ -59,17 +59,7 @@ def _moe_up_kernel(
                 U *= tl.load(scale_ptr + expert * s_se + (w[:, None] + width) * s_sr
                              + (k[None, :] // group_len) * s_sg, mask=mask, other=0.0)
             value += tl.sum(U * x[None, :], axis=1)
-    if ACT == 0:
-        a = gate / (1.0 + tl.exp(-gate))
-    elif ACT == 1:
-        a = 0.5 * gate * (1.0 + tl.math.erf(gate * 0.7071067811865476))
-    elif ACT == 2:
-        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
-        a = 0.5 * gate * (1.0 + (2.0 / (1.0 + tl.exp(-2.0 * inner)) - 1.0))
-    elif ACT == 3:
-        a = tl.maximum(gate, 0.0)
-    else:
-        a = tl.maximum(gate, 0.0) * tl.maximum(gate, 0.0)
+    a = activations.activate(gate, ACT)
     if GATED:
         a = a * value
     tl.store(act_ptr + slot * s_as + w * s_aw, tl.where(mask_w, a, 0.0), mask=w < width)
@@ -127,7 +117,7 @@ def moe_experts_fwd(hidden, top_k_index, top_k_weights, up, down, activation="si
         *hidden.stride(), *top_k_index.stride(), *up.stride(),
         *(up_scale.stride() if up_scale is not None else (0, 0, 0)), *active.stride(),
         BLOCK_W=block_w, BLOCK_K=block_k, GATED=bool(gated), HAS_SCALE=up_scale is not None,
-        ACT=ACTIVATION_CODES[activation], num_warps=4,
+        ACT=FORMS.index(activation), num_warps=4,
     )
     block_d = min(64, next_power_of_2(dim))
     launch(_moe_down_kernel, (tokens, -(-dim // block_d)))(

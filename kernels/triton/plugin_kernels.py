@@ -24,7 +24,8 @@ kernels' own (``selective_scan.py``, ``causal_conv1d.py``, ``state_update.py``):
 
 Every tensor is contiguous in the ONNX node's layout (TensorRT's linear format), so strides are
 products of sizes. Each node input is present (the ONNX emitters write zeros for an absent
-``D``, bias or state), so only ``has_z`` and the activation select code. Grids, per node, with
+``D``, bias or state), so only ``has_z`` and the activation (its code a constant of the
+specialisation: ``activations.py``) select code. Grids, per node, with
 cdiv(a, b) = ceil(a / b)::
 
     SelectiveScan         (batch, cdiv(dim, BLOCK_D), 1)
@@ -78,14 +79,14 @@ def trt_causal_conv1d_kernel(
     dim, length,
     out_ptr, final_ptr,
     WIDTH: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_K: tl.constexpr,
-    SILU: tl.constexpr,
+    ACTIVATION: tl.constexpr,
 ):
     _causal_conv1d_kernel(
         x_ptr, w_ptr, bias_ptr, state_ptr, out_ptr,
         dim, length,
         dim * length, length, 1, WIDTH, 1, dim * (WIDTH - 1), WIDTH - 1, 1,
         dim * length, length, 1,
-        WIDTH, BLOCK_D, BLOCK_L, True, True, SILU,
+        WIDTH, BLOCK_D, BLOCK_L, True, True, ACTIVATION,
     )
     if tl.program_id(2) == 0:
         _causal_conv1d_final_state_kernel(
@@ -120,13 +121,13 @@ def trt_causal_conv1d_update_kernel(
     x_ptr, state_ptr, w_ptr, bias_ptr,
     dim,
     out_ptr, new_ptr,
-    WIDTH: tl.constexpr, BLOCK_D: tl.constexpr, SILU: tl.constexpr,
+    WIDTH: tl.constexpr, BLOCK_D: tl.constexpr, ACTIVATION: tl.constexpr,
 ):
     _causal_conv1d_update_kernel(
         x_ptr, state_ptr, w_ptr, bias_ptr, out_ptr, new_ptr,
         dim,
         dim, 1, dim * (WIDTH - 1), WIDTH - 1, 1, WIDTH, 1, dim, 1, dim * (WIDTH - 1), WIDTH - 1, 1,
-        WIDTH, BLOCK_D, True, SILU,
+        WIDTH, BLOCK_D, True, ACTIVATION,
     )
 
 

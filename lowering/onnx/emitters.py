@@ -22,8 +22,9 @@ from ssmcc.lowering.onnx.emitters_standard import (
     emit_positions,
 )
 from ssmcc.lowering.onnx.quantized import emit_quantized_embedding, emit_quantized_linear
-from ssmcc.lowering.onnx.schemas import ACTIVATIONS, DOMAIN, VERSION
+from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
 from ssmcc.lowering.table import Emitter
+from ssmcc.ops.activations import activation_code
 
 SSMCC = onnxscript.values.Opset(DOMAIN, VERSION)
 _ZERO = helper.make_tensor("value", onnx.TensorProto.FLOAT, [1], [0.0])
@@ -105,7 +106,12 @@ def emit_causal_conv1d(x, weight, bias=None, initial_state=None, activation=None
         width_minus_one = op.Sub(_dim(weight, 1), op.Constant(value_ints=[1]))
         initial_state = _zeros(_dim(x, 0), _dim(x, 1), width_minus_one)
     return SSMCC.CausalConv1d(
-        x, weight, bias, initial_state, activation=ACTIVATIONS[activation], _outputs=2
+        x,
+        weight,
+        bias,
+        initial_state,
+        activation=activation_code("causal_conv1d", activation),
+        _outputs=2,
     )
 
 
@@ -138,7 +144,12 @@ def emit_causal_conv1d_update(x, conv_state, weight, bias=None, activation=None)
     if bias is None:
         bias = _zeros(_dim(weight, 0))
     return SSMCC.CausalConv1dUpdate(
-        x, conv_state, weight, bias, activation=ACTIVATIONS[activation], _outputs=2
+        x,
+        conv_state,
+        weight,
+        bias,
+        activation=activation_code("causal_conv1d_update", activation),
+        _outputs=2,
     )
 
 
@@ -272,7 +283,7 @@ def _mixer_attributes(
         norm_group_size=int(norm_group_size),
         eps=float(eps),
         norm_before_gate=int(bool(norm_before_gate)),
-        activation=ACTIVATIONS[activation],
+        activation=activation_code("ssd_mixer", activation),
         dt_softplus=int(bool(dt_softplus)),
         dt_min=float(dt_min),
         dt_max=math.inf if dt_max is None else float(dt_max),
@@ -444,7 +455,7 @@ def _mamba_mixer_node(
         x_offset=int(x_offset),
         z_offset=max(int(z_offset), 0),
         has_z=int(z_offset >= 0),
-        activation=ACTIVATIONS[activation],
+        activation=activation_code("mamba_mixer", activation),
         delta_softplus=int(bool(delta_softplus)),
         has_rms=int(bcdt_rms_eps is not None),
         rms_eps=float(bcdt_rms_eps or 0.0),

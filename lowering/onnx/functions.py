@@ -15,8 +15,9 @@ broadcast to the channels of their group over contiguous spans; no (b, d, n, l) 
 materialised.
 
 ``CausalConv1d``: ``xs = Concat(state, x)``;
-``out = sum_j weight[:, j] * xs[:, :, j : j + l] + bias`` (k unrolled), silu when asked; the final
-state is the last k-1 columns of ``xs``.
+``out = act(sum_j weight[:, j] * xs[:, :, j : j + l] + bias)`` (k unrolled; ``act`` the one the
+``activation`` attribute names, ``activations.py``); the final state is the last k-1 columns of
+``xs``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
+from ssmcc.lowering.onnx.activations import select_activation
 from ssmcc.lowering.onnx.schemas import DOMAIN
 
 INT64_MAX = 2**63 - 1
@@ -94,20 +96,6 @@ class _Body:
                 helper.make_node("Sigmoid", [gate], [f"{output}_sig"]),
                 helper.make_node("Mul", [gate, f"{output}_sig"], [f"{output}_silu"]),
                 helper.make_node("Mul", [value, f"{output}_silu"], [f"{output}_gated"]),
-            ],
-            [helper.make_node("Identity", [value], [f"{output}_plain"])],
-            output,
-        )
-
-    def silu_if(self, attribute: str, value: str, output: str) -> None:
-        """``output = value * Sigmoid(value)`` when the int attribute is 1, else ``value``."""
-        self.select(
-            self.attr_flag(attribute),
-            f"{output}_silu",
-            f"{output}_plain",
-            [
-                helper.make_node("Sigmoid", [value], [f"{output}_sig"]),
-                helper.make_node("Mul", [value, f"{output}_sig"], [f"{output}_silu"]),
             ],
             [helper.make_node("Identity", [value], [f"{output}_plain"])],
             output,
@@ -259,7 +247,7 @@ def causal_conv1d_update_function(opset: int) -> onnx.FunctionProto:
     pre = body.op(
         "Add", body.op("ReduceSum", body.op("Mul", xs, "weight"), axis2, keepdims=0), "bias"
     )
-    body.silu_if("activation", pre, "activated")
+    select_activation(body, "activation", pre, "activated")
     body.nodes.append(helper.make_node("CastLike", ["activated", "x"], ["out"]))
     body.nodes.append(
         helper.make_node(
@@ -291,7 +279,7 @@ def causal_conv1d_function(opset: int, width: int) -> onnx.FunctionProto:
         term = body.op("Mul", body.op("Reshape", tap, body.const([1, -1, 1])), window)
         total = term if total is None else body.op("Add", total, term)
     pre = body.op("Add", total, body.op("Unsqueeze", "bias", axis1))
-    body.silu_if("activation", pre, "activated")
+    select_activation(body, "activation", pre, "activated")
     body.nodes.append(helper.make_node("CastLike", ["activated", "x"], ["out"]))
     xs_len = _dim(body, xs, 2)
     state_start = body.op("Sub", xs_len, body.const([width - 1]))

@@ -37,6 +37,7 @@ from onnx import TensorProto, helper
 from onnx.defs import OpSchema
 
 from ssmcc.kernels.cpu.linear_binding import SMALL_KERNEL_MAX_ROWS
+from ssmcc.lowering.onnx.activations import activation_value, attribute_int
 from ssmcc.lowering.onnx.functions import _Body, _dim
 from ssmcc.lowering.onnx.functions_ssd import _int_attr_1d
 from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
@@ -123,55 +124,10 @@ def emit_moe_experts_node(
 
 
 def _activation(body: _Body, g: str) -> str:
-    """``ACTIVATIONS[activation](g)``: every form computed, the attribute's one selected."""
-    code = f"{body.prefix}_attr_activation"
-    node = helper.make_node("Constant", [], [code])
-    node.attribute.append(
-        onnx.AttributeProto(
-            name="value_int", type=onnx.AttributeProto.INT, ref_attr_name="activation"
-        )
-    )
-    body.nodes.append(node)
-
-    def scalar(value: float) -> str:
-        return body.op("Constant", value_float=value)
-
-    half = body.op("Mul", g, scalar(0.5))
-    relu = body.op("Relu", g)
-    forms = {
-        "silu": body.op("Mul", g, body.op("Sigmoid", g)),
-        "gelu": body.op(
-            "Mul",
-            half,
-            body.op(
-                "Add", scalar(1.0), body.op("Erf", body.op("Mul", g, scalar(0.7071067811865476)))
-            ),
-        ),
-        "gelu_tanh": body.op(
-            "Mul",
-            half,
-            body.op(
-                "Add",
-                scalar(1.0),
-                body.op(
-                    "Tanh",
-                    body.op(
-                        "Mul",
-                        scalar(0.7978845608028654),
-                        body.op(
-                            "Add",
-                            g,
-                            body.op(
-                                "Mul", scalar(0.044715), body.op("Mul", g, body.op("Mul", g, g))
-                            ),
-                        ),
-                    ),
-                ),
-            ),
-        ),
-        "relu": relu,
-        "relu2": body.op("Mul", relu, relu),
-    }
+    """``ACTIVATIONS[activation](g)``: every form computed (``activations.py``), the attribute's
+    one selected."""
+    code = attribute_int(body, "activation")
+    forms = {form: activation_value(body, form, g) for form in ACTIVATIONS}
     chosen = forms[ACTIVATIONS[-1]]
     for index in range(len(ACTIVATIONS) - 2, -1, -1):
         which = body.op(

@@ -19,7 +19,8 @@ gate. Shapes (b batch, d channels, l length, g groups, n state, k conv width)::
 B and C share one group count g, which divides d (channel c reads group c // (d / g)); the
 emitters bring IR ops whose B and C are grouped differently to a common count. The ssmcc ORT
 kernels check every input's shape against these and fail the run naming the input otherwise.
-``activation``: 0 identity, 1 silu.
+``activation``: the conv's activation, a code of ``ssmcc.ops.activations`` (0 identity,
+1 silu, 2 gelu, 3 gelu_tanh, 4 relu, 5 relu2).
 
 Mamba-2 (h heads of p channels, g groups dividing h)::
 
@@ -58,7 +59,9 @@ from onnx.defs import OpSchema
 
 DOMAIN = "ssmcc"
 VERSION = 1
-ACTIVATIONS = {None: 0, "silu": 1, "swish": 1}
+# The ``activation`` attribute's codes: ``ssmcc.ops.activations`` (0 and 1 as ever: artifacts
+# written when those were the only two read the same).
+ACTIVATION_CODES = "0 identity, 1 silu, 2 gelu (erf), 3 gelu_tanh, 4 relu, 5 relu2"
 
 _FLOAT_TYPES = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
 
@@ -130,7 +133,7 @@ SCHEMAS = [
         ),
         outputs=_inputs([("out", "(b, d, l)"), ("final_state", "(b, d, k-1)")]),
         type_constraints=[("T", _FLOAT_TYPES, "floating point")],
-        attributes=[_int_attr("activation", "0 identity, 1 silu")],
+        attributes=[_int_attr("activation", ACTIVATION_CODES)],
     ),
 ]
 
@@ -176,7 +179,7 @@ SCHEMAS += [
         ),
         outputs=_inputs([("out", "(b, d)"), ("new_state", "(b, d, k-1)")]),
         type_constraints=[("T", _FLOAT_TYPES, "floating point")],
-        attributes=[_int_attr("activation", "0 identity, 1 silu")],
+        attributes=[_int_attr("activation", ACTIVATION_CODES)],
     ),
 ]
 
@@ -266,7 +269,7 @@ _MIXER_ATTRIBUTES = [
     _int_attr("norm_group_size", "channels per normalised group (divides d)"),
     _float_attr("eps", "added to the mean square"),
     _int_attr("norm_before_gate", "1: w * norm(y) * silu(z); 0: w * norm(y * silu(z))"),
-    _int_attr("activation", "of the conv: 0 identity, 1 silu"),
+    _int_attr("activation", "of the conv: " + ACTIVATION_CODES),
     *[a for a in _DT_ATTRIBUTES if a.name != "has_z"],
 ]
 
@@ -310,7 +313,7 @@ _MAMBA_MIXER_ATTRIBUTES = [
     _int_attr("x_offset", "x at [x_offset, x_offset + d) of zx's last axis"),
     _int_attr("z_offset", "z at [z_offset, z_offset + d)"),
     _int_attr("has_z", "1: y is gated by silu(z)"),
-    _int_attr("activation", "of the conv: 0 identity, 1 silu"),
+    _int_attr("activation", "of the conv: " + ACTIVATION_CODES),
     _int_attr("delta_softplus", "1: dt = softplus(dt + dt_bias)"),
     _int_attr("has_rms", "1: dt_r, B and C are RMS-normalised (FalconMamba)"),
     _float_attr("rms_eps", "eps of those norms"),

@@ -24,7 +24,9 @@ import dataclasses
 import math
 from collections.abc import Callable
 
+from ssmcc.errors import LoweringError
 from ssmcc.kernels.triton import configs
+from ssmcc.ops.activations import FORMS
 
 FLOAT32 = "float32"
 NAMESPACE = "ssmcc"  # the plugins' (TensorRT plugin registry)
@@ -88,6 +90,17 @@ def _recurrence_constexprs(config, block: str, softplus: str) -> Callable:
     return constexprs
 
 
+def _activation(attributes: dict) -> int:
+    """The conv's activation code (``ssmcc.ops.activations``), a constant of the kernel."""
+    code = int(attributes["activation"])
+    if not 0 <= code < len(FORMS):
+        raise LoweringError(
+            f"a conv plugin's activation attribute is {code}; the codes are 0-{len(FORMS) - 1} "
+            f"({', '.join(FORMS)})"
+        )
+    return code
+
+
 def _conv_constexprs(attributes: dict, static: dict) -> dict:
     width = static[("weight", 1)]
     return {
@@ -95,7 +108,7 @@ def _conv_constexprs(attributes: dict, static: dict) -> dict:
         "BLOCK_D": configs.CONV_GPU.block_d,
         "BLOCK_L": configs.CONV_GPU.chunk,
         "BLOCK_K": _next_power_of_2(width - 1),
-        "SILU": attributes["activation"] == 1,
+        "ACTIVATION": _activation(attributes),
         "num_warps": configs.CONV_GPU.num_warps,
     }
 
@@ -105,7 +118,7 @@ def _conv_update_constexprs(attributes: dict, static: dict) -> dict:
     return {
         "WIDTH": width,
         "BLOCK_D": configs.CONV_GPU.block_d,
-        "SILU": attributes["activation"] == 1,
+        "ACTIVATION": _activation(attributes),
         "num_warps": configs.CONV_GPU.num_warps,
     }
 

@@ -91,21 +91,3 @@ def expand_groups(tensor: Tensor, dim: int, grouped_rank: int) -> Tensor:
     if tensor.dim() == grouped_rank:
         return tensor.repeat_interleave(dim // tensor.shape[1], dim=1)
     return tensor.unsqueeze(1)
-
-
-SUPPORTED_ACTIVATIONS = (None, "silu", "swish")
-
-
-def uses_silu(op: str, activation: str | None) -> bool:
-    """Check ``activation`` and say whether it is silu (the only non-identity one)."""
-    if activation not in SUPPORTED_ACTIVATIONS:  # kernels call this per step: no work on success
-        expect(
-            False,
-            op,
-            f"activation {activation!r} is not supported; use one of {SUPPORTED_ACTIVATIONS}",
-        )
-    return activation is not None
-
-
-def apply_activation(op: str, x: Tensor, activation: str | None) -> Tensor:
-    return torch.nn.functional.silu(x) if uses_silu(op, activation) else x

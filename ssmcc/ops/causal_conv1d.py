@@ -12,9 +12,10 @@ zeros when absent), for every channel c::
 
     out_t[c] = act( sum_{j=0}^{k-1} weight[c, j] * xs[c, t + j] + bias[c] )
 
-``act`` is identity or silu ("silu"/"swish"). The returned state is the last k-1 entries of ``xs``:
-exactly what the next call needs to continue the sequence, so prefill followed by updates equals
-one convolution over the concatenated input.
+``act`` is an activation of ``ssmcc.ops.activations`` by name (None: identity; silu, gelu, the
+tanh GELUs, relu, relu2 under Hugging Face's ``hidden_act`` names). The returned state is the
+last k-1 entries of ``xs``: exactly what the next call needs to continue the sequence, so
+prefill followed by updates equals one convolution over the concatenated input.
 """
 
 from __future__ import annotations
@@ -23,14 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ssmcc.ops._shapes import (
-    apply_activation,
-    expect,
-    expect_rank,
-    expect_same_shape,
-    expect_vector,
-    uses_silu,
-)
+from ssmcc.ops._shapes import expect, expect_rank, expect_same_shape, expect_vector
+from ssmcc.ops.activations import activation_code, apply_activation
 from ssmcc.ops.contracts import register_state_contract, single_state
 
 
@@ -85,7 +80,7 @@ def causal_conv1d_ref(
         previous = initial_state.float()
     xs = torch.cat([previous, x.float()], dim=-1)
     if x.shape[-1] == 0:  # no position to compute; the state passes through unchanged
-        uses_silu("causal_conv1d", activation)
+        activation_code("causal_conv1d", activation)
         return x.new_empty(batch, dim, 0), previous.contiguous()
     out = apply_activation("causal_conv1d", _convolve(xs, weight, bias), activation)
     final_state = xs[:, :, xs.shape[-1] - (width - 1) :].contiguous()
@@ -121,7 +116,7 @@ def causal_conv1d(
 @causal_conv1d.register_fake
 def _causal_conv1d_fake(x, weight, bias=None, initial_state=None, activation=None):
     check_causal_conv1d_args(x, weight, bias, initial_state)
-    uses_silu("causal_conv1d", activation)
+    activation_code("causal_conv1d", activation)
     batch, dim, _ = x.shape
     state_shape = (batch, dim, weight.shape[1] - 1)
     return x.new_empty(x.shape), x.new_empty(state_shape, dtype=torch.float32)
@@ -142,7 +137,7 @@ def causal_conv1d_update(
 @causal_conv1d_update.register_fake
 def _causal_conv1d_update_fake(x, conv_state, weight, bias=None, activation=None):
     check_causal_conv1d_update_args(x, conv_state, weight, bias)
-    uses_silu("causal_conv1d_update", activation)
+    activation_code("causal_conv1d_update", activation)
     return x.new_empty(x.shape), conv_state.new_empty(conv_state.shape, dtype=torch.float32)
 
 

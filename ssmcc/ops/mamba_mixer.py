@@ -25,6 +25,9 @@ Math: the unfused chain of Hugging Face's Mamba / FalconMamba mixer, in float32:
     y, ssm_state  = selective_scan(xc, dt, A, B^T, C^T, D, z^T, dt_bias, delta_softplus, ssm_state)
     y             = y^T                                                              (b, l, d)
 
+``act`` is the conv's ``activation`` (``ssmcc.ops.activations``: the config's ``hidden_act``);
+the scan's gate is silu(z) whatever it is, as Hugging Face's ``mamba_selective_scan`` computes.
+
 A projection weight with a scale is stored small (``ssmcc.ops.quantized_linear``: int8, bfloat16
 or float16, ``W[r, c] = weight[r, c] * scale[r, c // (cols / G)]``); ``quantize_weights`` makes
 them. The math above reads ``W``.
@@ -44,7 +47,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ssmcc.ops._shapes import expect, expect_rank, expect_same_shape, expect_vector, uses_silu
+from ssmcc.ops._shapes import expect, expect_rank, expect_same_shape, expect_vector
+from ssmcc.ops.activations import activation_code
 from ssmcc.ops.causal_conv1d import causal_conv1d_ref, causal_conv1d_update_ref
 from ssmcc.ops.contracts import StateContract, StateSlot, register_state_contract
 from ssmcc.ops.quantized_linear import check_quantized_weight, dequantize_weight
@@ -363,7 +367,7 @@ def _mamba_mixer_fake(
         x_proj_scale=x_proj_scale,
         dt_proj_scale=dt_proj_scale,
     )
-    uses_silu(OP, activation)
+    activation_code(OP, activation)
     return _outputs(zx, conv_weight, x_proj_weight, dt_proj_weight, A, tuple(zx.shape[:2]))
 
 
@@ -447,7 +451,7 @@ def _mamba_mixer_step_fake(
         x_proj_scale=x_proj_scale,
         dt_proj_scale=dt_proj_scale,
     )
-    uses_silu("mamba_mixer_step", activation)
+    activation_code("mamba_mixer_step", activation)
     return _outputs(zx, conv_weight, x_proj_weight, dt_proj_weight, A, (zx.shape[0],))
 
 

@@ -27,27 +27,22 @@ alone (it is position-wise: the step program calls it on one token).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ssmcc.ops._shapes import expect, expect_rank
+from ssmcc.ops.activations import activate as activate_form
 from ssmcc.ops.contracts import register_positionwise
 from ssmcc.ops.quantized_linear import STORAGE_DTYPES, dequantize_weight
 
 OP = "moe_experts"
+# The forms (``ssmcc.ops.activations``) the experts take; an activation's index here is its code
+# in the kernels and the ONNX node (an order of its own, older than the shared codes).
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu", "relu2")
 
 
 def activate(x: Tensor, activation: str) -> Tensor:
-    if activation == "silu":
-        return F.silu(x)
-    if activation == "gelu":
-        return F.gelu(x)
-    if activation == "gelu_tanh":
-        return F.gelu(x, approximate="tanh")
-    if activation == "relu":
-        return F.relu(x)
-    return F.relu(x).square()
+    """``activation`` (one of ``ACTIVATIONS``) applied to ``x``: ``ssmcc.ops.activations``."""
+    return activate_form(x, activation)
 
 
 def _check_scale(name: str, weight, scale) -> None:

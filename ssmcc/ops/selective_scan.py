@@ -18,6 +18,9 @@ Math, for every batch row, channel c and state index i (all accumulation in floa
     y_t[c]    = sum_i C_t[i] * h_t[c,i] + D[c] * u_t[c]
     out_t[c]  = y_t[c] * silu(z_t[c])               (gate only when z is given)
 
+The gate is silu whatever the model's ``hidden_act``: Hugging Face's Mamba-1 mixers apply
+``hidden_act`` to the conv only (``causal_conv1d``'s ``activation``) and gate with silu.
+
 with ``h_{-1} = initial_state`` (zeros when absent); ``last_state = h_{l-1}``.
 This file holds the op schema, its reference implementation (the oracle every kernel is tested
 against) and its fake implementation (shape rules with symbolic sizes). It imports no backend.

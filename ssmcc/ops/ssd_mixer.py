@@ -23,6 +23,9 @@ Math: exactly the unfused ops in sequence (``causal_conv1d``, ``ssd_scan``, ``rm
     y            = rmsnorm_gated(y (b, l, d), zxbcdt[..., z], norm_weight, norm_group_size,
                                  eps, norm_before_gate)
 
+``act`` is the conv's ``activation`` (``ssmcc.ops.activations``: the config's ``hidden_act`` or
+``mamba_hidden_act``); the gated norm's gate is silu(z) whatever it is, as in Hugging Face.
+
 The chain runs in float32 from the projection output (intermediates are not rounded to its
 dtype, as the unfused ops' outputs are: in bf16/fp16 the fused op is the more exact, within one
 rounding of the unfused chain); ``y`` is rounded to zxbcdt's dtype once, at the end.
@@ -43,7 +46,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ssmcc.ops._shapes import expect, expect_rank, expect_same_shape, expect_vector, uses_silu
+from ssmcc.ops._shapes import expect, expect_rank, expect_same_shape, expect_vector
+from ssmcc.ops.activations import activation_code
 from ssmcc.ops.causal_conv1d import causal_conv1d_ref, causal_conv1d_update_ref
 from ssmcc.ops.contracts import StateContract, StateSlot, register_state_contract
 from ssmcc.ops.rmsnorm_gated import rmsnorm_gated_ref
@@ -374,7 +378,7 @@ def _ssd_mixer_fake(
         ssm_state,
         time_axis=True,
     )
-    uses_silu(OP, activation)
+    activation_code(OP, activation)
     return _output_shapes(zxbcdt, conv_weight, A, norm_weight, groups, tuple(zxbcdt.shape[:2]))
 
 
@@ -467,7 +471,7 @@ def _ssd_mixer_step_fake(
         ssm_state,
         time_axis=False,
     )
-    uses_silu("ssd_mixer_step", activation)
+    activation_code("ssd_mixer_step", activation)
     return _output_shapes(zxbcdt, conv_weight, A, norm_weight, groups, (zxbcdt.shape[0],))
 
 
