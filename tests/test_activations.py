@@ -181,3 +181,24 @@ def test_the_ort_library_refuses_an_unknown_code(op):
     with pytest.raises(Exception, match=r"activation must be 0 \(identity\), 1 \(silu\)"):
         fuzzing.session_for(op, feed, attrs, library=True)
     assert all(isinstance(v, np.ndarray) for v in feed.values())
+
+
+def test_the_experts_route_maps_act2fn_classes_to_their_forms():
+    """Hugging Face's experts are routed by their ``act_fn``'s class (``hf_moe``): each mapped
+    class computes its form (``ssmcc.moe_experts``'s activations are forms of the same table)."""
+    from transformers.activations import ACT2CLS, ACT2FN
+
+    from ssmcc.frontend.hf_moe import _ACTIVATIONS
+    from ssmcc.ops.moe_experts import ACTIVATIONS, activate
+
+    x = torch.linspace(-8, 8, 4001)
+    mapped = 0
+    for name in ACT2CLS:
+        module = ACT2FN[name]
+        form = _ACTIVATIONS.get(type(module).__name__)
+        if form is None:
+            continue
+        assert form in ACTIVATIONS and form == NAMES[name], name
+        torch.testing.assert_close(activate(x, form), module(x), rtol=1e-6, atol=1e-6)
+        mapped += 1
+    assert mapped >= 11

@@ -141,6 +141,17 @@ def test_failed_capture_restores_everything():
     assert not model.training
 
 
+def test_an_unsupported_conv_activation_is_refused_before_export():
+    """The mixers' activation is checked before anything is patched: one line naming the layer."""
+    model = make_hf_model("mamba", hidden_act="mish", num_hidden_layers=1)
+    before_globals = _module_globals()
+    with pytest.raises(
+        CaptureError, match=r"^backbone.layers.0.mixer \(MambaMixer\): activation 'mish'"
+    ):
+        ssmcc.capture(model, (torch.randint(0, model.config.vocab_size, (2, 9)),))
+    assert _module_globals() == before_globals
+
+
 def test_static_capture_is_fixed_shape():
     model = make_hf_model("mamba", num_hidden_layers=1)
     ids = torch.randint(0, model.config.vocab_size, (2, 8))

@@ -25,6 +25,8 @@ _ACTIVATIONS = {
     "PytorchGELUTanh": "gelu_tanh",
     "GELUTanh": "gelu_tanh",
     "NewGELUActivation": "gelu_tanh",
+    "FastGELUActivation": "gelu_tanh",  # the same function factored (ssmcc.ops.activations)
+    "AccurateGELUActivation": "gelu_tanh",
     "ReLU": "relu",
     "ReLUSquaredActivation": "relu2",
 }

@@ -18,8 +18,10 @@ from collections.abc import Iterator
 
 from torch import nn
 
+from ssmcc.errors import CaptureError
 from ssmcc.frontend import hf_attention, hf_mamba1, hf_mamba2, hf_moe
 from ssmcc.frontend.route import ACTIVE_ROUTINGS, Route, RoutingRecord
+from ssmcc.ops.activations import is_supported, supported_list
 
 
 def known_routes() -> tuple[Route, ...]:
@@ -53,10 +55,27 @@ def attention_layers(model: nn.Module, routes: list[Route]) -> list[tuple[str, s
     ]
 
 
+def check_mixer_activations(model: nn.Module, routes: list[Route]) -> None:
+    """Every routed mixer's ``activation`` (its config's ``hidden_act``, ``mamba_hidden_act`` or
+    ``hidden_mamba_act``, which Hugging Face applies to the conv) must have a form in
+    ``ssmcc.ops.activations``; else a ``CaptureError`` naming the layer, the activation and the
+    supported names."""
+    layers = {name for name, _ in ssm_layers(model, routes)}
+    for name, module in model.named_modules():
+        if name in layers and not is_supported(activation := getattr(module, "activation", None)):
+            raise CaptureError(
+                f"{name} ({type(module).__name__}): activation {activation!r} (the config's "
+                f"hidden_act) has no form in ssmcc's ops; supported: {supported_list()}"
+            )
+
+
 @contextlib.contextmanager
 def routed(model: nn.Module) -> Iterator[RoutingRecord]:
-    """Install the model's routes for the duration of the block; always restore the originals."""
+    """Install the model's routes for the duration of the block; always restore the originals.
+    A mixer whose activation ssmcc's ops do not compute is refused first
+    (``check_mixer_activations``)."""
     routes = routes_for(model)
+    check_mixer_activations(model, routes)
     record = RoutingRecord(
         routes=[r.name for r in routes],
         layers=ssm_layers(model, routes),
