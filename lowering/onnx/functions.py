@@ -12,7 +12,8 @@ registered for its domain/op, and prefers a registered custom-op kernel when the
 
 Inside the loop the state is grouped and channels-innermost, (b, g, n, d/g), so B_t and C_t
 broadcast to the channels of their group over contiguous spans; no (b, d, n, l) tensor is ever
-materialised.
+materialised. The Scan reads its inputs position-major, (l, b, ...), along axis 0: the one axis
+``onnx.reference`` runs, and the layout ONNX Runtime's Scan otherwise makes itself by a transpose.
 
 ``CausalConv1d``: ``xs = Concat(state, x)``;
 ``out = act(sum_j weight[:, j] * xs[:, :, j : j + l] + bias)`` (k unrolled; ``act`` the one the
@@ -126,20 +127,24 @@ def selective_scan_function(opset: int) -> onnx.FunctionProto:
     The loop state is kept as (b, g, n, d/g): channels innermost, so every broadcast in a step
     runs over contiguous spans of d/g values (ONNX Runtime's broadcasting is slow when the
     innermost dimension is the broadcast one), and y_t is one MatMul, (b, g, 1, n) @ h_t. dt and
-    dt * u are computed for all steps before the loop. Each step: Mul, Exp, Mul, Mul, Add, MatMul.
+    dt * u are computed for all steps before the loop, position-major (delta and u transposed to
+    (l, b, d) first; B and C to (l, b, g, n); y back to (b, d, l)). Each step: Mul, Exp, Mul, Mul,
+    Add, MatMul.
     """
     body = _Body("ss")
     inputs = ["u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state"]
-    dt_raw = body.op("Add", "delta", body.op("Unsqueeze", "delta_bias", body.const([1])))
-    body.softplus_if("delta_softplus", dt_raw, "dt")
-    dtu = body.op("Mul", "dt", "u")
+    by_position = [2, 0, 1]  # (b, d, l) -> (l, b, d): Scan runs along axis 0
+    dt_raw = body.op("Add", body.op("Transpose", "delta", perm=by_position), "delta_bias")
+    body.softplus_if("delta_softplus", dt_raw, "dt")  # (l, b, d)
+    dtu = body.op("Mul", "dt", body.op("Transpose", "u", perm=by_position))
     b, d, length = _dim(body, "u", 0), _dim(body, "u", 1), _dim(body, "u", 2)
     g, n = _dim(body, "B", 1), _dim(body, "A", 1)
     per_group, one = body.op("Div", d, g), body.const([1])
-    by_group = body.op("Concat", b, g, one, per_group, length, axis=0)  # (b, g, 1, d/g, l)
+    by_group = body.op("Concat", length, b, g, one, per_group, axis=0)  # (l, b, g, 1, d/g)
     dt5, dtu5 = body.op("Reshape", "dt", by_group), body.op("Reshape", dtu, by_group)
-    B5 = body.op("Unsqueeze", "B", body.const([3]))  # (b, g, n, 1, l)
-    C5 = body.op("Unsqueeze", "C", body.const([2]))  # (b, g, 1, n, l)
+    B_steps, C_steps = (body.op("Transpose", t, perm=[3, 0, 1, 2]) for t in ("B", "C"))
+    B5 = body.op("Unsqueeze", B_steps, body.const([4]))  # (l, b, g, n, 1)
+    C5 = body.op("Unsqueeze", C_steps, body.const([3]))  # (l, b, g, 1, n)
     A_grouped = body.op("Reshape", "A", body.op("Concat", g, per_group, n, axis=0))
     body.nodes.append(helper.make_node("Transpose", [A_grouped], ["A_by_state"], perm=[0, 2, 1]))
     h0_grouped = body.op("Reshape", "initial_state", body.op("Concat", b, g, per_group, n, axis=0))
@@ -178,15 +183,14 @@ def selective_scan_function(opset: int) -> onnx.FunctionProto:
             ["h_last", "A_last", "y_grouped"],
             body=step_graph,
             num_scan_inputs=4,
-            scan_input_axes=[4, 4, 4, 4],
-            scan_output_axes=[4],
         )
     )
     h_last = body.op("Transpose", "h_last", perm=[0, 1, 3, 2])
     body.nodes.append(
         helper.make_node("Reshape", [h_last, body.op("Concat", b, d, n, axis=0)], ["last_state"])
     )
-    y_scan = body.op("Reshape", "y_grouped", body.op("Concat", b, d, length, axis=0))
+    y_steps = body.op("Reshape", "y_grouped", body.op("Concat", length, b, d, axis=0))
+    y_scan = body.op("Transpose", y_steps, perm=[1, 2, 0])  # (b, d, l)
     skip = body.op("Mul", body.op("Unsqueeze", "D", body.const([1])), "u")
     y = body.op("Add", y_scan, skip)
     body.gate_if("has_z", y, "z", "y_gated")

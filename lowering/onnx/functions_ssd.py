@@ -4,7 +4,7 @@
 
     dt  = Clip(softplus?(dt + dt_bias), dt_min, dt_max)                          (b, l, h)
     per position, with the state grouped as (b, g, h/g, p, n) so B_t and C_t broadcast over the
-    heads of their group:    (an ONNX Scan over l)
+    heads of their group:    (an ONNX Scan over axis 0 of position-major (l, b, ...) inputs)
         h_t = Exp(dt_t A) * h_{t-1} + (dt_t x_t) * B_t
         y_t = h_t @ C_t                                                           (sum over n)
     out = (y + D * x) * silu(z) if has_z
@@ -65,20 +65,23 @@ def _epilogue(body: _Body, y: str, x: str) -> None:
 
 def ssd_scan_function(opset: int) -> onnx.FunctionProto:
     body = _Body("sd")
-    step = _step_size(body, "dt", "dt_bias")  # (b, l, h)
     b, length, h, p = (_dim(body, "x", axis) for axis in range(4))
     g, n = _dim(body, "B", 2), _dim(body, "B", 3)
+    # the scanned values position-major, (l, b, ...): Scan runs along axis 0, the one axis
+    # onnx.reference runs (ONNX Runtime's Scan transposes any other axis to 0 itself)
+    by_position = lambda t: body.op("Transpose", t, perm=[1, 0, 2, 3])  # noqa: E731
+    step = _step_size(body, body.op("Transpose", "dt", perm=[1, 0, 2]), "dt_bias")  # (l, b, h)
     per_group, one = body.op("Div", h, g), body.const([1])
     shape = lambda *dims: body.op("Concat", *dims, axis=0)  # noqa: E731
     decay = body.op(
         "Reshape",
         body.op("Exp", body.op("Mul", step, "A")),
-        shape(b, length, g, per_group, one, one),
+        shape(length, b, g, per_group, one, one),
     )
-    drive = body.op("Mul", body.op("Unsqueeze", step, body.const([3])), "x")
-    drive = body.op("Reshape", drive, shape(b, length, g, per_group, p, one))
-    B6 = body.op("Reshape", "B", shape(b, length, g, one, one, n))
-    C6 = body.op("Reshape", "C", shape(b, length, g, one, n, one))
+    drive = body.op("Mul", body.op("Unsqueeze", step, body.const([3])), by_position("x"))
+    drive = body.op("Reshape", drive, shape(length, b, g, per_group, p, one))
+    B6 = body.op("Reshape", by_position("B"), shape(length, b, g, one, one, n))
+    C6 = body.op("Reshape", by_position("C"), shape(length, b, g, one, n, one))
     h0 = body.op("Reshape", "initial_state", shape(b, g, per_group, p, n))
     step_nodes = [
         helper.make_node("Mul", ["decay_s", "h_prev"], ["carried"]),
@@ -99,12 +102,11 @@ def ssd_scan_function(opset: int) -> onnx.FunctionProto:
             ["h_last", "y_stacked"],
             body=step_graph,
             num_scan_inputs=4,
-            scan_input_axes=[1, 1, 1, 1],
-            scan_output_axes=[1],
         )
     )
     body.nodes.append(helper.make_node("Reshape", ["h_last", shape(b, h, p, n)], ["final_state"]))
-    _epilogue(body, body.op("Reshape", "y_stacked", shape(b, length, h, p)), "x")
+    y = by_position(body.op("Reshape", "y_stacked", shape(length, b, h, p)))
+    _epilogue(body, y, "x")
     inputs = ["x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_state"]
     return helper.make_function(
         DOMAIN,
