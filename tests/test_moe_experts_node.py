@@ -104,9 +104,11 @@ def _model(activation, gated, up, down, up_scale=None, down_scale=None) -> onnx.
         graph,
         opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, VERSION)],
     )
-    model.functions.append(moe_experts_function(OPSET))
+    # callees before their callers, as lower_to_onnx lists them (onnx.reference needs it)
+    functions = [moe_experts_function]
     if quantized:
-        model.functions.extend([quantized_moe_experts_function(OPSET), widen_function(OPSET)])
+        functions = [widen_function, moe_experts_function, quantized_moe_experts_function]
+    model.functions.extend(make(OPSET) for make in functions)
     onnx.checker.check_model(model, full_check=True)
     return model
 

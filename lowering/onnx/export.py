@@ -242,7 +242,9 @@ def lower_to_onnx(
     model = exported.model_proto
     del exported
     used = {node.op_type for node in model.graph.node if node.domain == DOMAIN}
+    # callees before their callers: onnx.reference builds each function from those listed before
     bodies = {
+        "Widen": lambda: widen_function(OPSET),
         "SelectiveScan": lambda: selective_scan_function(OPSET),
         "CausalConv1d": lambda: causal_conv1d_function(OPSET, widths.pop()),
         "SelectiveStateUpdate": lambda: selective_state_update_function(OPSET),
@@ -258,7 +260,6 @@ def lower_to_onnx(
         "QuantizedMambaMixerStep": lambda: quantized_mamba_mixer_step_function(OPSET),
         "QuantizedLinear": lambda: quantized_linear_function(OPSET),
         "HalfLinear": lambda: half_linear_function(OPSET),
-        "Widen": lambda: widen_function(OPSET),
         "MoeExperts": lambda: moe_experts_function(OPSET),
         "QuantizedMoeExperts": lambda: quantized_moe_experts_function(OPSET),
     }
