@@ -33,6 +33,7 @@ from ssmcc.lowering.registry import get_target
 from ssmcc.ops.moe_experts import ACTIVATIONS
 from ssmcc.passes.program_set import ProgramSet
 from ssmcc.presets import build_preset
+from tests.graph_feeds import token_feeds
 from tests.test_moe_experts_node import _inputs as _moe_inputs
 from tests.test_moe_experts_node import _model as _moe_model
 from tests.test_moe_experts_node import _run as _run_moe
@@ -66,24 +67,6 @@ def _portable_graphs(model, folder, token_model: bool, **options) -> dict[str, s
     programs = ProgramSet(compiled.program, token_model=token_model)
     graphs = write_graphs(programs, str(folder), "portable")
     return {name: os.path.join(folder, entry["file"]) for name, entry in graphs.items()}
-
-
-def _token_feeds(model: onnx.ModelProto, length: int, vocab: int) -> dict[str, np.ndarray]:
-    """Token ids and non-zero states; a K/V cache (its 'past' axis) holds 5 positions, and a
-    position counter says 5 tokens came before."""
-    rng = np.random.default_rng(length)
-    feeds = {}
-    for value in model.graph.input:
-        dims = value.type.tensor_type.shape.dim
-        if value.name == "input_ids":
-            feeds[value.name] = rng.integers(0, vocab, (BATCH, length)).astype(np.int64)
-            continue
-        shape = [BATCH] + [d.dim_value if d.HasField("dim_value") else 5 for d in dims[1:]]
-        if value.type.tensor_type.elem_type == onnx.TensorProto.INT64:
-            feeds[value.name] = np.full(shape, 5, dtype=np.int64)
-        else:
-            feeds[value.name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
-    return feeds
 
 
 def _assert_matches_onnx_runtime(path: str, feeds_at, lengths) -> None:
@@ -122,7 +105,7 @@ def _check_preset(preset: str, folder, **options) -> None:
     for graph, path in paths.items():
         _assert_matches_onnx_runtime(
             path,
-            lambda proto, length: _token_feeds(proto, length, vocab),
+            lambda proto, length: token_feeds(proto, BATCH, length, vocab, seed=length),
             (1,) if graph == "step" else LENGTHS,
         )
 

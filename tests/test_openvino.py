@@ -21,6 +21,8 @@ import ssmcc
 from ssmcc.errors import LoweringError
 from ssmcc.presets import build_preset
 
+from .graph_feeds import token_feeds
+
 ov = pytest.importorskip("openvino")
 ort = pytest.importorskip("onnxruntime")
 
@@ -43,24 +45,6 @@ SLOW = [
 PRESETS = FAST + [pytest.param(name, marks=pytest.mark.slow) for name in SLOW]
 
 
-def _feeds(model: onnx.ModelProto, batch: int, length: int, vocab: int, seed: int) -> dict:
-    """Token ids and non-zero states; a K/V cache (its 'past' axis) holds 5 positions, and a
-    position counter (int64) says 5 tokens came before."""
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for value in model.graph.input:
-        dims = value.type.tensor_type.shape.dim
-        if value.name == "input_ids":
-            feeds[value.name] = rng.integers(0, vocab, (batch, length)).astype(np.int64)
-            continue
-        shape = [batch] + [d.dim_value if d.HasField("dim_value") else 5 for d in dims[1:]]
-        if value.type.tensor_type.elem_type == onnx.TensorProto.INT64:
-            feeds[value.name] = np.full(shape, 5, dtype=np.int64)
-        else:
-            feeds[value.name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
-    return feeds
-
-
 def _check_graphs_in_openvino(folder: str, vocab: int) -> None:
     manifest = json.loads(open(os.path.join(folder, "manifest.json")).read())
     core = ov.Core()
@@ -73,7 +57,7 @@ def _check_graphs_in_openvino(folder: str, vocab: int) -> None:
         session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
         for batch, length in [(1, 1), (3, 7), (3, 300)]:
             length = 1 if graph == "step" else length
-            feeds = _feeds(model, batch, length, vocab, seed=batch * 1000 + length)
+            feeds = token_feeds(model, batch, length, vocab, seed=batch * 1000 + length)
             expected = session.run(None, feeds)
             got = compiled(feeds)
             for port, want in zip(compiled.outputs, expected, strict=True):
