@@ -18,7 +18,9 @@ weights fix, or a length something else still uses), with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import math
 
 import sympy
@@ -176,6 +178,26 @@ def _free_size(taken: set[int], size: int) -> int:
     return candidate
 
 
+@contextlib.contextmanager
+def _torch_logs_silenced():
+    """torch's loggers off: a re-export that fails (the expected answer for a dim the weights
+    fix) logs the fake-tensor error with its traceback before raising, which ssmcc reports as
+    one line instead."""
+    loggers = [
+        logging.getLogger(name)
+        for name in list(logging.root.manager.loggerDict)
+        if name == "torch" or name.startswith("torch.")
+    ]
+    before = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        for logger, disabled in zip(loggers, before, strict=True):
+            logger.disabled = disabled
+
+
 def _relax_group(program: ExportedProgram, members: set[tuple[str, int]], size: int):
     """``program`` re-exported with the user-input dims ``members`` (``(input, axis)``, each of
     static ``size``) one symbolic dim, the dims already symbolic kept so; raises what
@@ -196,9 +218,13 @@ def _relax_group(program: ExportedProgram, members: set[tuple[str, int]], size: 
                 spec[axis], hint[axis] = dim, relaxed
         examples.append(torch.zeros(hint, dtype=value.dtype))
         shapes.append(spec)
-    return torch.export.export(
-        _RunFlat.named(program, size), tuple(examples), dynamic_shapes=tuple(shapes), strict=False
-    )
+    with _torch_logs_silenced():
+        return torch.export.export(
+            _RunFlat.named(program, size),
+            tuple(examples),
+            dynamic_shapes=tuple(shapes),
+            strict=False,
+        )
 
 
 def _groups(program: ExportedProgram):
