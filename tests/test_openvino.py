@@ -89,6 +89,23 @@ def test_inlined_artifacts_run_in_openvino(preset, tmp_path):
     assert ssmcc.load(folder).generate(prompt, 6).tolist() == reference.generate(prompt, 6).tolist()
 
 
+@pytest.mark.parametrize("preset", ["mamba2-tiny", "mamba-tiny"])
+def test_inlined_step_at_batch_3_with_conv_outputs_of_order_one(preset, tmp_path):
+    """The presets' small conv weights hid it: with conv weights and bias U(-1, 1), OpenVINO
+    computed the inlined Mamba-2 step wrong at batch 3 (logits off by 1.8; batch 1 exact) while
+    the conv update's sum dropped its axis (``keepdims=0``); the body now keeps it and squeezes."""
+    import torch
+
+    model = build_preset(preset)
+    generator = torch.Generator().manual_seed(0)
+    for name, param in model.named_parameters():
+        if name.endswith(("conv1d.weight", "conv1d.bias")):
+            param.data.copy_(torch.rand(param.shape, generator=generator) * 2 - 1)
+    folder = str(tmp_path / "artifact")
+    ssmcc.compile(model, "onnx", onnx_functions="inline").save(folder)
+    _check_graphs_in_openvino(folder, model.config.vocab_size)
+
+
 @pytest.mark.parametrize("scheme", ["int8", pytest.param("bf16", marks=pytest.mark.slow)])
 def test_quantized_inlined_artifacts_run_in_openvino(scheme, tmp_path):
     model = build_preset("mamba-tiny")

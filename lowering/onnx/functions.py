@@ -244,13 +244,16 @@ def selective_state_update_function(opset: int) -> onnx.FunctionProto:
 
 def causal_conv1d_update_function(opset: int) -> onnx.FunctionProto:
     """``xs = Concat(conv_state, x)``; ``out = act(ReduceSum(xs * weight) + bias)``; the new state
-    is ``xs`` without its first column."""
+    is ``xs`` without its first column.
+
+    The sum keeps its axis and a Squeeze drops it: with ``keepdims=0`` OpenVINO 2026.4's CPU
+    plugin, given the inlined step graph of a Mamba-2 model, computed wrong outputs at batch > 1
+    (batch 1 exact; the same node alone exact; ``tests/test_openvino.py`` keeps the case)."""
     body = _Body("cu")
     axis2 = body.const([2])
     xs = body.op("Concat", "conv_state", body.op("Unsqueeze", "x", axis2), axis=2)
-    pre = body.op(
-        "Add", body.op("ReduceSum", body.op("Mul", xs, "weight"), axis2, keepdims=0), "bias"
-    )
+    summed = body.op("ReduceSum", body.op("Mul", xs, "weight"), axis2, keepdims=1)
+    pre = body.op("Add", body.op("Squeeze", summed, axis2), "bias")
     select_activation(body, "activation", pre, "activated")
     body.nodes.append(helper.make_node("CastLike", ["activated", "x"], ["out"]))
     body.nodes.append(
