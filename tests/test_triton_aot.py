@@ -64,7 +64,9 @@ def _check_manifest(folder, specs, archs):
 def test_the_tiny_model_builds_for_one_arch(tmp_path):
     specs = _specs("mamba-tiny")
     kernels = {s.kernel for s in specs}
-    assert {"_selective_scan_chunk_kernel", "_state_update_kernel", "_linear_kernel"} <= kernels
+    assert {"_selective_scan_chunk_kernel", "_mamba_step_update_kernel", "_linear_kernel"} <= (
+        kernels
+    )
     manifest = _check_manifest_after_build(tmp_path / "out", specs, ("sm_90",))
     # float attributes are compile-time constants (an AOT plugin cannot pass them at run time)
     norm = [e for e in manifest["kernels"] if e["kernel"] == "_rmsnorm_gated_kernel"]
@@ -123,7 +125,7 @@ def test_cli_builds_and_refuses_bad_arch(tmp_path, capsys):
     )
     manifest = json.loads((tmp_path / "k" / "manifest.json").read_text())
     assert manifest["models"] == ["mamba2-tiny"]
-    assert {"_ssd_chunk_scan_kernel", "_state_update_kernel"} <= {
+    assert {"_ssd_chunk_scan_kernel", "_ssd_step_kernel"} <= {
         e["kernel"] for e in manifest["kernels"]
     }
 
@@ -141,7 +143,9 @@ def test_130m_models_build_for_four_architectures(tmp_path):
         "_selective_scan_chunk_kernel",
         "_ssd_chunk_scan_kernel",
         "_ssd_chunk_state_kernel",
-        "_state_update_kernel",
+        "_mamba_step_conv_proj_kernel",
+        "_mamba_step_update_kernel",
+        "_ssd_step_kernel",
         "_causal_conv1d_kernel",
         "_rmsnorm_gated_kernel",
         "_linear_kernel",

@@ -44,6 +44,11 @@ GRID_RULES = {
     "_ssd_chunk_scan_kernel": "(batch * cdiv(length, chunk), heads, "
     "cdiv(chunk, BLOCK_M) * cdiv(head_dim, BLOCK_P))",
     "_rmsnorm_gated_kernel": "(rows, dim / group_size)",
+    # the fused decode steps (mixer_steps.py): cols / rows are run-time arguments the launcher
+    # picks (configs.step_rows); the kernels read them, so any value with this grid is valid
+    "_mamba_step_conv_proj_kernel": "(batch, cdiv(dim, cols))",
+    "_mamba_step_update_kernel": "(batch, cdiv(dim, cols))",
+    "_ssd_step_kernel": "(batch, heads, cdiv(head_dim, rows))",
     "_linear_kernel": "(cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))",
     "_embedding_kernel": "(number of ids, cdiv(K, BLOCK_K))",
     "_append_cache_kernel": "(batch, kv_heads, cdiv(past + length, BLOCK_T))",

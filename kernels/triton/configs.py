@@ -38,6 +38,20 @@ ATTENTION_GPU = dict(block_m=64, block_n=64, num_warps=4)
 ATTENTION_CPU = dict(block_m=16, block_n=16, num_warps=1)
 
 
+# Fused decode steps (mixer_steps.py). ``block``: rows of a tile (Mamba-1 channels, Mamba-2
+# head-dim rows); ``tile``: the most elements of a Mamba-1 weight tile ((R + 2n) x block for
+# x_proj, block x R for dt_proj; the block shrinks to fit: 4096 float32 = 32 registers a thread
+# at 4 warps); ``parts``: x_proj partial sums added per step; ``tail``: values per step of the
+# Mamba-2 row's last program (the gated norm). ``STEP_PROGRAMS``: a launch is split into at
+# least this many programs where the rows allow (``step_rows``): two per SM of an H100 (132
+# SMs); the interpreter wants the fewest.
+MAMBA_STEP_GPU = dict(block=32, tile=2048, parts=32, num_warps=4)
+MAMBA_STEP_CPU = dict(block=64, tile=1 << 14, parts=64, num_warps=1)
+SSD_STEP_GPU = dict(block=8, tail=512, num_warps=4)
+SSD_STEP_CPU = dict(block=32, tail=256, num_warps=1)
+STEP_PROGRAMS_GPU = 264
+STEP_PROGRAMS_CPU = 1
+
 # Set while ``aot`` records the launches a model makes: the GPU's meta-parameters apply.
 RECORDING_FOR_GPU = False
 
@@ -51,3 +65,13 @@ def rows_block(rows: int, block: int) -> int:
     """Rows per program: 16 for a handful (decode: one row per sequence), else ``block``. Two
     values only, so a model needs two specialisations of a kernel, not one per length."""
     return 16 if rows <= 16 else block
+
+
+def step_rows(rows: int, block: int, lanes: int, programs: int) -> int:
+    """Rows per program of a step kernel over ``lanes`` independent (batch row, head) pairs of
+    ``rows`` rows each, in ``block``-row tiles: split until ``programs`` programs are reached,
+    never below one tile, so a large batch gets whole lanes per program (no work repeated) and
+    batch 1 as many programs as its tiles. A run-time value: one binary serves every batch."""
+    tiles = -(-rows // block)
+    per_lane = min(tiles, max(1, -(-programs // max(lanes, 1))))
+    return block * -(-tiles // per_lane)
