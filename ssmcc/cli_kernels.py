@@ -3,7 +3,8 @@
 Compiles each MODEL for the triton target (interpreted, on the CPU: no GPU is needed), records
 the kernel launches of its prefill, chunk and step programs under the GPU's meta-parameters, and
 compiles each distinct specialisation for every ``--arch`` (``kernels/triton/aot.py``), writing
-``DIR/manifest.json`` and the binaries. DIR is written whole or not at all.
+``DIR/manifest.json`` and the binaries. DIR is written whole or not at all. Each binary's registers
+and spills (``ptxas -v``) are in the manifest and the summary names every binary that spills.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _cmd_kernels_build(args: argparse.Namespace) -> int:
     manifest = aot.build(ordered, archs, args.out, progress=_progress, models=args.models)
     print(
         f"{args.out}: {len(manifest['kernels'])} binaries ({len(ordered)} specialisations x "
-        f"{len(archs)} architectures), manifest.json"
+        f"{len(archs)} architectures), manifest.json; {aot.describe_resources(manifest['kernels'])}"
     )
     return 0
 

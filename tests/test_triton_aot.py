@@ -3,8 +3,11 @@ build``): every specialisation a model's programs launch compiles to PTX and cub
 architecture, and the manifest describes how to launch it. No GPU is needed (ptxas ships with
 Triton); nothing here runs a binary.
 
-Default: the tiny Mamba-1 preset for sm_90. Slow (the acceptance check): mamba-130m and
-mamba2-130m for sm_80, sm_86, sm_89 and sm_90.
+Default: the tiny Mamba-1 preset for sm_90, with each binary's registers and spills checked
+against the cubin itself (cuobjdump) and a spill forced to show the report sees one. Slow (the
+acceptance checks): mamba-130m and mamba2-130m for sm_80, sm_86, sm_89 and sm_90; no spill in the
+mamba-130m, mamba2-130m and granite-hybrid-200m builds (float32 and bfloat16, sm_90; ~6 minutes on
+a 2-core CPU).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
+import subprocess
 
 import pytest
 import torch
@@ -27,9 +32,21 @@ from ssmcc.kernels.triton.catalog import GRID_RULES  # noqa: E402
 
 
 @functools.cache
-def _specs(name: str):
+def _specs(name: str, dtype: str | None = None):
     model = build_preset(name).eval()
-    return aot.model_specializations(ssmcc.compile(model, target="triton", interpret=True))
+    compiled = ssmcc.compile(model, target="triton", interpret=True, dtype=dtype)
+    return aot.model_specializations(compiled)
+
+
+def _cuobjdump_registers(cubin_path) -> int:
+    """Registers per thread as the cubin itself records them (Triton's cuobjdump)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    tool = os.path.join(os.path.dirname(get_ptxas(90).path), "cuobjdump")
+    usage = subprocess.run(
+        [tool, "--dump-resource-usage", str(cubin_path)], capture_output=True, text=True, check=True
+    ).stdout
+    return int(re.search(r"REG:(\d+)", usage).group(1))
 
 
 def _check_manifest(folder, specs, archs):
@@ -54,6 +71,10 @@ def _check_manifest(folder, specs, archs):
         assert entry["grid"]["rule"] == GRID_RULES[entry["kernel"]]
         assert all(g >= 1 for g in entry["grid"]["recorded"])
         assert entry["num_warps"] >= 1 and entry["shared_bytes"] >= 0
+        # ptxas -v's report is the written binary's
+        assert entry["registers"] == _cuobjdump_registers(folder / entry["cubin"])
+        assert min(entry[k] for k in ("spill_store_bytes", "spill_load_bytes")) >= 0
+        assert entry["stack_frame_bytes"] >= 0
         # the launch's constants and run-time parameters are the recorded specialisation's
         assert entry["constexprs"] == {n: aot._json_value(v) for n, v in spec.constexprs}
         runtime = [[n, t] for n, t in spec.signature if t != "constexpr"]
@@ -76,6 +97,37 @@ def test_the_tiny_model_builds_for_one_arch(tmp_path):
 def _check_manifest_after_build(folder, specs, archs):
     aot.build(specs, archs, str(folder))
     return _check_manifest(folder, specs, archs)
+
+
+def test_ptxas_report_is_of_tritons_own_cubin():
+    """The report's ptxas run, with Triton's flags, writes Triton's cubin byte for byte (a Triton
+    upgrade that changes its flags fails here), and a kernel held to 32 registers reports its
+    spills."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernels = aot._jit_functions()
+    specs = _specs("mamba-tiny")
+    for spec in specs:
+        compiled = aot._compile(spec, 90, kernels)
+        usage, cubin = aot.ptxas_resources(compiled.asm["ptx"], 90, compiled.metadata)
+        assert cubin == compiled.asm["cubin"], spec.kernel
+        assert usage["registers"] > 0
+    scan = next(s for s in specs if s.kernel == "_selective_scan_chunk_kernel")
+    source = ASTSource(
+        fn=kernels[scan.kernel], signature=dict(scan.signature), constexprs=dict(scan.constexprs)
+    )
+    held = triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 32}
+    )
+    usage, _ = aot.ptxas_resources(held.asm["ptx"], 90, held.metadata)
+    assert usage["registers"] <= 32 and usage["spill_store_bytes"] > 0
+    assert "1 spilling: _selective_scan_chunk_kernel sm_90" in aot.describe_resources(
+        [{"kernel": scan.kernel, "arch": "sm_90", **usage}]
+    )
+    with pytest.raises(OptionError, match="no resource usage for k"):
+        aot.parse_ptxas_log("ptxas info    : 0 bytes gmem", "k")
 
 
 def test_a_failed_build_leaves_nothing(tmp_path, monkeypatch):
@@ -128,6 +180,9 @@ def test_cli_builds_and_refuses_bad_arch(tmp_path, capsys):
     assert {"_ssd_chunk_scan_kernel", "_ssd_step_kernel"} <= {
         e["kernel"] for e in manifest["kernels"]
     }
+    # the summary line carries the registers and names any spilling binary
+    out = capsys.readouterr().out
+    assert re.search(r"registers \d+-\d+ per thread, (no spills|\d+ spilling: )", out), out
 
 
 @pytest.mark.slow
@@ -151,6 +206,28 @@ def test_130m_models_build_for_four_architectures(tmp_path):
         "_linear_kernel",
     } <= kernels
     _check_manifest_after_build(tmp_path / "out", specs, archs)
+
+
+@pytest.mark.slow
+def test_presets_build_without_spills(tmp_path):
+    """Issue 47's acceptance: no binary of the mamba-130m, mamba2-130m and granite-hybrid-200m
+    builds (float32 and bfloat16, sm_90) spills registers to local memory."""
+    where: dict[str, set] = {}
+    specs = {}
+    for name in ("mamba-130m", "mamba2-130m", "granite-hybrid-200m"):
+        for dtype in ("float32", "bfloat16"):
+            for spec in _specs(name, dtype):
+                specs.setdefault(spec.key, spec)
+                where.setdefault(spec.key, set()).add(f"{name} {dtype}")
+    manifest = aot.build(list(specs.values()), ("sm_90",), str(tmp_path / "out"))
+    spilling = [
+        f"{e['kernel']} {e['constexprs']} warps {e['num_warps']}: {e['registers']} registers, "
+        f"{e['spill_store_bytes']} B stored / {e['spill_load_bytes']} B loaded "
+        f"({', '.join(sorted(where[e['specialization']]))})"
+        for e in manifest["kernels"]
+        if e["spill_store_bytes"] or e["spill_load_bytes"]
+    ]
+    assert not spilling, "binaries that spill:\n" + "\n".join(spilling)
 
 
 def test_interpreted_runs_leave_triton_as_they_found_it(tmp_path):

@@ -15,9 +15,18 @@ distinct (kernel, argument types, compile-time constants, warps) is one speciali
 ``build`` compiles each specialisation for each architecture with ``triton.compile`` and writes
 ``<kernel>-<hash>.<arch>.ptx`` / ``.cubin`` and ``manifest.json``: per binary its kernel, entry
 name, parameters in order (Triton appends two scratch pointers, NULL when their sizes are 0),
-constants, warps, shared memory and the grid (the rule, and the one recorded). The folder is
+constants, warps, shared memory, what ``ptxas -v`` reports (registers per thread, spill store and
+load bytes, stack frame bytes) and the grid (the rule, and the one recorded). The folder is
 written whole or not at all. It needs Triton compiled, not interpreted (``TRITON_INTERPRET``
 unset): ``ssmcc kernels build`` runs in a process of its own.
+
+Registers and spills: Triton 3.9's compiled metadata has neither without a GPU (``n_regs`` and
+``n_spills`` are attributes of the compiled kernel set only when a CUDA driver loads the binary,
+and ``n_spills`` there is the local memory size), and it runs ``ptxas -v`` but drops the log. So
+``ptxas_resources`` runs Triton's own ptxas (``get_ptxas``, as Triton finds it) on the PTX with
+Triton's flags; the cubin it writes is byte for byte Triton's (tested), so the report is the
+binary's. A spill (``spill_store_bytes`` > 0) is local-memory traffic in the kernel's inner loop:
+the tests fail on any in the 130m-200m presets' builds.
 """
 
 from __future__ import annotations
@@ -27,7 +36,9 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable
 
@@ -50,6 +61,13 @@ POINTER_TYPES = {
     torch.bool: "*i1",
 }
 COMPILE_OPTIONS = ("num_warps", "num_stages")
+# Triton 3.9's ``make_cubin`` flags (backends/nvidia/compiler.py); the architecture, fused
+# multiply-add and ``ptx_options`` come from the compiled kernel's metadata.
+PTXAS_FLAGS = ("-lineinfo", "-v", "--regAllocOptLevel=2")
+_PTXAS_REGISTERS = re.compile(r"Used (\d+) registers")
+_PTXAS_FRAME = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +197,49 @@ def _json_value(value):
     return value
 
 
+def parse_ptxas_log(log: str, entry: str) -> dict:
+    """Registers, spill and stack bytes of ``entry`` from a ``ptxas -v`` log. Spills are summed
+    over every function of the module (a called ``.func`` spills into the same kernel)."""
+    _, found, body = log.partition(f"Compiling entry function '{entry}'")
+    registers = _PTXAS_REGISTERS.search(body) if found else None
+    frames = _PTXAS_FRAME.findall(log)
+    if registers is None or not frames:
+        raise OptionError(f"ptxas -v printed no resource usage for {entry}: {log.strip()[:300]!r}")
+    entry_frame = _PTXAS_FRAME.search(body)
+    return {
+        "registers": int(registers.group(1)),
+        "spill_store_bytes": sum(int(f[1]) for f in frames),
+        "spill_load_bytes": sum(int(f[2]) for f in frames),
+        "stack_frame_bytes": int(entry_frame.group(1)) if entry_frame else 0,
+    }
+
+
+def ptxas_resources(ptx: str, arch: int, metadata) -> tuple[dict, bytes]:
+    """``ptxas -v`` of a compiled kernel's PTX, as Triton ran it: (resource usage, the cubin)."""
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+
+    flags = [*PTXAS_FLAGS, f"--gpu-name={sm_arch_from_capability(arch)}"]
+    if not metadata.enable_fp_fusion:
+        flags.append("--fmad=false")
+    if metadata.ptx_options:
+        flags += metadata.ptx_options.split(" ")
+    with tempfile.TemporaryDirectory(prefix="ssmcc-ptxas-") as folder:
+        source, binary = os.path.join(folder, "k.ptx"), os.path.join(folder, "k.cubin")
+        with open(source, "w") as f:
+            f.write(ptx)
+        run = subprocess.run(
+            [get_ptxas(arch).path, *flags, source, "-o", binary], capture_output=True, text=True
+        )
+        if run.returncode != 0:
+            raise OptionError(
+                f"ptxas -v failed on {metadata.name} for sm_{arch} (exit {run.returncode}): "
+                f"{run.stderr.strip()[:300]}"
+            )
+        with open(binary, "rb") as f:
+            cubin = f.read()
+    return parse_ptxas_log(run.stdout + run.stderr, metadata.name), cubin
+
+
 def _entry(spec: Specialization, arch_name: str, compiled, files: dict) -> dict:
     runtime_params = [[n, t] for n, t in spec.signature if t != "constexpr"]
     return {
@@ -193,8 +254,26 @@ def _entry(spec: Specialization, arch_name: str, compiled, files: dict) -> dict:
         "num_warps": compiled.metadata.num_warps,
         "num_stages": compiled.metadata.num_stages,
         "shared_bytes": compiled.metadata.shared,
+        **ptxas_resources(compiled.asm["ptx"], ARCHS[arch_name], compiled.metadata)[0],
         "grid": {"rule": GRID_RULES.get(spec.kernel, ""), "recorded": list(spec.grid)},
     }
+
+
+def describe_resources(entries: list[dict]) -> str:
+    """One line on a build's registers and spills (the command line prints it)."""
+    if not entries:
+        return "no binaries"
+    registers = [e["registers"] for e in entries]
+    spilling = [e for e in entries if e["spill_store_bytes"] or e["spill_load_bytes"]]
+    text = f"registers {min(registers)}-{max(registers)} per thread, "
+    if not spilling:
+        return text + "no spills"
+    named = ", ".join(
+        f"{e['kernel']} {e['arch']} ({e['registers']} registers, {e['spill_store_bytes']} B "
+        f"stored / {e['spill_load_bytes']} B loaded)"
+        for e in spilling
+    )
+    return text + f"{len(spilling)} spilling: {named}"
 
 
 def build(
@@ -229,7 +308,13 @@ def build(
                     files[kind] = f"{stem}.{kind}"
                 entries.append(_entry(spec, arch_name, compiled, files))
             if progress:
-                progress(f"[{index + 1}/{len(specs)}] {spec.kernel} ({', '.join(archs)})")
+                done = entries[-len(archs) :]
+                usage = ", ".join(
+                    f"{e['arch']}: {e['registers']} regs"
+                    + (f", spills {e['spill_store_bytes']} B" if e["spill_store_bytes"] else "")
+                    for e in done
+                )
+                progress(f"[{index + 1}/{len(specs)}] {spec.kernel} ({usage})")
         manifest = {
             "format": "ssmcc-triton-aot/1",
             "triton": triton.__version__,
