@@ -178,6 +178,42 @@ def _device_of(args) -> torch.device:
     raise OptionError("a Triton kernel was launched without a tensor argument")
 
 
+def _scan_by_slices(self, input):
+    """The interpreter's scan with a combine function of its own (``tl.associative_scan``), one
+    slice across the axis at a time: the same combine, elementwise over whole slices, in the same
+    order. Triton's own ``generic_scan`` calls the combine once per element in Python (~90 us:
+    a [16, 16, 16] tile took 0.4 s)."""
+    import numpy as np
+    from triton.language.core import tensor
+
+    data = [np.moveaxis(arg.handle.data, self.axis, 0) for arg in input]
+    out = [np.empty_like(d) for d in data]
+    acc = None
+    for i in range(data[0].shape[0]):
+        current = tuple(self.to_tensor(d[i], arg.dtype) for d, arg in zip(data, input, strict=True))
+        acc = current if acc is None else self.combine_fn.fn(*acc, *current)
+        acc = acc if isinstance(acc, tuple) else (acc,)
+        for o, value in zip(out, acc, strict=True):
+            value = np.asarray(value.handle.data if isinstance(value, tensor) else value)
+            o[i] = value.reshape(o.shape[1:]) if value.size == o[i].size else value
+    outputs = zip(out, input, strict=True)
+    return [self.to_tensor(np.moveaxis(o, 0, self.axis), arg.dtype) for o, arg in outputs]
+
+
+@contextlib.contextmanager
+def scans_by_slices():
+    """Triton's interpreter scanning slice by slice (``_scan_by_slices``) for the duration."""
+    from triton.runtime.interpreter import ScanOps
+
+    with _SWAP_LOCK:
+        original = ScanOps.generic_scan
+        ScanOps.generic_scan = _scan_by_slices
+        try:
+            yield
+        finally:
+            ScanOps.generic_scan = original
+
+
 # While ``aot.record_launches`` runs: the launches, recorded instead of run.
 RECORDED: list | None = None
 
@@ -192,7 +228,8 @@ def launch(kernel, grid: tuple):
             RECORDED.append((kernel, tuple(grid), args, meta))
             return None
         if isinstance(kernel, InterpretedFunction):  # TRITON_INTERPRET=1 at import
-            return kernel[grid](*args, **meta)
+            with scans_by_slices():
+                return kernel[grid](*args, **meta)
         device = _device_of(args)
         if device.type == "cuda":
             return kernel[grid](*args, **meta)
@@ -201,7 +238,7 @@ def launch(kernel, grid: tuple):
                 f"Triton kernels run on CUDA or (interpreted) CPU tensors, got {device}"
             )
         interpreted = _interpreted(kernel)
-        with interpreted_language(), _callees_interpreted(kernel):
+        with interpreted_language(), _callees_interpreted(kernel), scans_by_slices():
             return interpreted[grid](*args, **meta)
 
     return run
