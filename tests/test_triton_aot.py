@@ -85,7 +85,7 @@ def _check_manifest(folder, specs, archs):
 def test_the_tiny_model_builds_for_one_arch(tmp_path):
     specs = _specs("mamba-tiny")
     kernels = {s.kernel for s in specs}
-    assert {"_selective_scan_chunk_kernel", "_mamba_step_update_kernel", "_linear_kernel"} <= (
+    assert {"_selective_scan_chunk_scan_kernel", "_mamba_step_update_kernel", "_linear_kernel"} <= (
         kernels
     )
     manifest = _check_manifest_after_build(tmp_path / "out", specs, ("sm_90",))
@@ -159,8 +159,9 @@ def test_recording_runs_no_kernel():
             u, u, -torch.ones(64, 2), torch.ones(1, 2, 3), torch.ones(1, 2, 3)
         )
     )
-    assert [r[0].fn.__name__ for r in recorded] == ["_selective_scan_chunk_kernel"]
-    assert recorded[0][3]["BLOCK_D"] == 32  # the GPU's meta-parameters, not the interpreter's
+    assert [r[0].fn.__name__ for r in recorded] == ["_selective_scan_chunk_scan_kernel"]
+    meta = recorded[0][3]  # the GPU's meta-parameters, not the interpreter's
+    assert (meta["BLOCK_D"], meta["BLOCK_L"], meta["num_warps"]) == (16, 4, 1)
 
 
 def test_cli_builds_and_refuses_bad_arch(tmp_path, capsys):
@@ -195,7 +196,7 @@ def test_130m_models_build_for_four_architectures(tmp_path):
     specs = list(specs.values())
     kernels = {s.kernel for s in specs}
     assert {
-        "_selective_scan_chunk_kernel",
+        "_selective_scan_chunk_scan_kernel",
         "_ssd_chunk_scan_kernel",
         "_ssd_chunk_state_kernel",
         "_mamba_step_conv_proj_kernel",

@@ -32,8 +32,10 @@ def describe(op: str) -> str:
 # Each kernel's launch grid as a rule of the sizes its launcher sees (for a runtime that launches
 # the ahead-of-time binaries itself, e.g. a TensorRT plugin). cdiv(a, b) = ceil(a / b).
 GRID_RULES = {
-    "_selective_scan_chunk_kernel": "(batch, cdiv(dim, BLOCK_D), cdiv(length, chunk_len))",
+    "_selective_scan_chunk_state_kernel": "(batch, cdiv(dim, BLOCK_D), "
+    "cdiv(length, chunk_len) - 1)",
     "_selective_scan_pass_states_kernel": "(batch, cdiv(dim, BLOCK_D))",
+    "_selective_scan_chunk_scan_kernel": "(batch, cdiv(dim, BLOCK_D), cdiv(length, chunk_len))",
     "_state_update_kernel": "(batch, heads, cdiv(rows, BLOCK_R))",
     "_causal_conv1d_kernel": "(batch, cdiv(dim, BLOCK_D), cdiv(length, BLOCK_L))",
     "_causal_conv1d_final_state_kernel": "(batch, cdiv(dim, BLOCK_D))",

@@ -18,9 +18,35 @@ class ScanConfig:
     num_warps: int = 4
 
 
-# Mamba-1 selective scan: a program holds a (block_d, n) state in registers and walks one chunk.
-SELECTIVE_SCAN_GPU = ScanConfig(block_d=32, chunk=256, num_warps=4)
-SELECTIVE_SCAN_CPU = ScanConfig(block_d=64, chunk=1 << 30, num_warps=1)
+@dataclasses.dataclass(frozen=True)
+class SelectiveScanConfig:
+    """Mamba-1 selective scan (``selective_scan.py``): a program owns ``block_d`` channels of one
+    chunk of the sequence and steps through it a [block_d, n, block_l] tile at a time."""
+
+    block_d: int  # channels per program
+    block_l: int  # positions per tile (one associative scan in registers)
+    num_warps: int
+    chunk: int = 0  # positions per chunk; 0: ``scan_chunk_len`` picks it for the GPU
+    programs_per_sm: int = 1  # programs an SM holds at once at this config's registers
+    min_chunk: int = 1  # the shortest chunk worth a program of its own (positions)
+
+
+# sm_90, by registers (``ptxas -v``; mamba-130m / 2.8b shapes, fp32 and bf16, channel- and
+# position-major): one warp holds 16 channels across its lanes (x 2 lanes of the state) and, per
+# thread, 8 state entries x 4 positions of the [4, 16, 16] tile, so the recurrence and the sum
+# over the state stay within threads (~14 SASS instructions per element, one of them the exp2).
+# chunk_scan 108-144 registers, chunk_state 77-147, pass_states 96, no spills (sm_80 alike): an
+# SM fits 13 such programs; 8 are asked for (two warps per scheduler, each thread walking 8
+# independent recurrences), as each chunk beyond one costs a chunk_state pass (~0.7 of a scan).
+# Measured against: block_l 8 (up to 247 registers), block_l 16 (255, spills); 4-warp programs
+# (the state across warps: shared-memory reductions, 17-20 instructions per element).
+SELECTIVE_SCAN_GPU = SelectiveScanConfig(
+    block_d=16, block_l=4, num_warps=1, programs_per_sm=8, min_chunk=128
+)
+SELECTIVE_SCAN_CPU = SelectiveScanConfig(block_d=64, block_l=16, num_warps=1, chunk=1 << 30)
+# The GPU the scan's chunks are sized for when no device is at hand (recording launches for an
+# ahead-of-time build): an H100 SXM's streaming multiprocessors.
+DEFAULT_SMS = 132
 # Mamba-1 / Mamba-2 single-step state update: one (block_d, n) tile per program.
 STATE_UPDATE_GPU = ScanConfig(block_d=16, chunk=1, num_warps=4)
 STATE_UPDATE_CPU = ScanConfig(block_d=64, chunk=1, num_warps=1)
@@ -75,3 +101,23 @@ def step_rows(rows: int, block: int, lanes: int, programs: int) -> int:
     tiles = -(-rows // block)
     per_lane = min(tiles, max(1, -(-programs // max(lanes, 1))))
     return block * -(-tiles // per_lane)
+
+
+def scan_chunk_len(length: int, programs: int, sms: int, config: SelectiveScanConfig) -> int:
+    """Positions per chunk of the selective scan on a GPU with ``sms`` multiprocessors, where one
+    chunk per sequence makes ``programs`` programs (batch x channel blocks).
+
+    A program's walk along its chunk is serial, so the grid should hold one wave of resident
+    programs: ``sms * programs_per_sm``. Fewer leave SMs idle (mamba-130m at batch 1: 1536 / 16
+    = 96 one-warp programs for 132 SMs); splitting the sequence into chunks multiplies the
+    programs, and costs a pass over every chunk but the last that computes its end state from
+    zeros (~0.7 of a scan's instructions: no C, z or output) plus a small sequential pass over
+    the chunk states. So:
+    ``ceil(sms * programs_per_sm / programs)`` chunks, no more than ``length / min_chunk``, each a
+    whole number of tiles. On 132 SMs at L 2048: mamba-130m (d 1536, 96 channel blocks) at batch
+    1 takes 11 chunks of 188, mamba-2.8b (d 5120, 320 blocks) 4 of 512; from batch 11 (130m) or 4
+    (2.8b) on, one chunk."""
+    wanted = -(-sms * config.programs_per_sm // max(programs, 1))
+    chunks = max(1, min(wanted, length // config.min_chunk))
+    chunk = -(-length // chunks)
+    return max(config.block_l, -(-chunk // config.block_l) * config.block_l)

@@ -9,9 +9,11 @@ launched as more than one kernel. Each wrapper below is one ``@triton.jit`` kern
 existing kernel of this package as a device function (Triton inlines it), so the math is the
 kernels' own (``selective_scan.py``, ``causal_conv1d.py``, ``state_update.py``):
 
-    SelectiveScan       the scan's chunk kernel over one chunk = the whole sequence, started
-                        from ``initial_state``: a program owns (batch, BLOCK_D channels) and walks
-                        every position (no parallelism along the sequence, so no state passing)
+    SelectiveScan       the scan's chunk-scan kernel over one chunk = the whole sequence,
+                        started from ``initial_state``: a program owns (batch, BLOCK_D channels)
+                        and steps through every position in tiles (no parallelism along the
+                        sequence, so no state passing; B and C loaded per channel, as the group
+                        size is a run-time value)
     CausalConv1d        the convolution kernel, and in the programs of the first position block
                         also the final-state kernel (same (batch, channel block) mapping)
     SelectiveStateUpdate, SsdStateUpdate, CausalConv1dUpdate, RmsNormGated
@@ -42,14 +44,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ssmcc.kernels.triton import configs, scan_tiles
 from ssmcc.kernels.triton.causal_conv1d import (
     _causal_conv1d_final_state_kernel,
     _causal_conv1d_kernel,
     _causal_conv1d_update_kernel,
 )
 from ssmcc.kernels.triton.rmsnorm_gated import _rmsnorm_gated_kernel
-from ssmcc.kernels.triton.selective_scan import _selective_scan_chunk_kernel
+from ssmcc.kernels.triton.selective_scan import _selective_scan_chunk_scan_kernel
 from ssmcc.kernels.triton.state_update import _state_update_kernel
+
+SCAN_BLOCK_L = tl.constexpr(configs.SELECTIVE_SCAN_GPU.block_l)  # the scan's positions per tile
 
 
 @triton.jit
@@ -60,16 +65,16 @@ def trt_selective_scan_kernel(
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_Z: tl.constexpr, SOFTPLUS: tl.constexpr,
 ):
     per_group = dim // groups
-    _selective_scan_chunk_kernel(
-        u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, h0_ptr,
-        out_ptr, last_ptr, last_ptr,
+    _selective_scan_chunk_scan_kernel(
+        u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, h0_ptr, out_ptr, last_ptr,
         dim, length, length, per_group, per_group, state,
         dim * length, length, 1, dim * length, length, 1, state, 1,
         groups * state * length, state * length, length, 1,
         groups * state * length, state * length, length, 1,
         dim * length, length, 1,
-        dim * state, 0, state, 1, dim * length, length, 1, dim * state, 0, state, 1, 0, 0, 0,
-        BLOCK_D, BLOCK_N, True, HAS_Z, True, SOFTPLUS, True, True, True,
+        dim * state, 0, state, 1, dim * length, length, 1, dim * state, state, 1,
+        BLOCK_D, BLOCK_N, SCAN_BLOCK_L, scan_tiles.ALONG, scan_tiles.ALONG, False,
+        True, HAS_Z, True, SOFTPLUS, True,
     )
 
 
