@@ -114,7 +114,7 @@ def test_ptxas_report_is_of_tritons_own_cubin():
         usage, cubin = aot.ptxas_resources(compiled.asm["ptx"], 90, compiled.metadata)
         assert cubin == compiled.asm["cubin"], spec.kernel
         assert usage["registers"] > 0
-    scan = next(s for s in specs if s.kernel == "_selective_scan_chunk_kernel")
+    scan = next(s for s in specs if s.kernel == "_selective_scan_chunk_scan_kernel")
     source = ASTSource(
         fn=kernels[scan.kernel], signature=dict(scan.signature), constexprs=dict(scan.constexprs)
     )
@@ -123,7 +123,7 @@ def test_ptxas_report_is_of_tritons_own_cubin():
     )
     usage, _ = aot.ptxas_resources(held.asm["ptx"], 90, held.metadata)
     assert usage["registers"] <= 32 and usage["spill_store_bytes"] > 0
-    assert "1 spilling: _selective_scan_chunk_kernel sm_90" in aot.describe_resources(
+    assert "1 spilling: _selective_scan_chunk_scan_kernel sm_90" in aot.describe_resources(
         [{"kernel": scan.kernel, "arch": "sm_90", **usage}]
     )
     with pytest.raises(OptionError, match="no resource usage for k"):
