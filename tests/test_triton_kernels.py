@@ -10,9 +10,10 @@ here against their references on odd shapes in float32 and float16.
 
 bfloat16: the interpreter computes with numpy, which has no bfloat16. The kernels load every input
 and widen it to float32 before any arithmetic, and the corpus's bfloat16 cases pass through the
-interpreter that way; what only a GPU can check is Triton's own compiled bfloat16 loads and
-stores (the conversions in PTX), listed in ``BF16_GPU_ONLY`` and run by
-``benchmarks/gpu_check.py``.
+interpreter that way — except the SSD scan's products, which multiply bfloat16 operands: there the
+interpreter gets the operands rounded to bfloat16 and kept in float32 (``operands.py``); what
+only a GPU can check is Triton's own compiled bfloat16 loads, stores and MMAs, listed in
+``BF16_GPU_ONLY`` and run by ``benchmarks/gpu_check.py``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ SLOW_CASES = int(os.environ.get("SSMCC_TRITON_FUZZ_CASES", "20"))
 FUSED = {"ssd_mixer", "ssd_mixer_step", "mamba_mixer", "mamba_mixer_step"}  # their parts: above
 BF16_GPU_ONLY = (
     "compiled bfloat16 loads and stores of every kernel (the interpreter widens through numpy)",
+    "the SSD scan's bfloat16 tensor-core products (the interpreter rounds, then multiplies fp32)",
     "bfloat16 model end to end (dtype='bfloat16' on a GPU)",
 )
 F32 = dict(rtol=6e-4, atol=2e-3)  # mamba_ssm's scan tolerances

@@ -40,9 +40,12 @@ GRID_RULES = {
     "_causal_conv1d_kernel": "(batch, cdiv(dim, BLOCK_D), cdiv(length, BLOCK_L))",
     "_causal_conv1d_final_state_kernel": "(batch, cdiv(dim, BLOCK_D))",
     "_causal_conv1d_update_kernel": "(batch, cdiv(dim, BLOCK_D))",
-    "_ssd_chunk_cumsum_kernel": "(batch, heads, cdiv(length, chunk))",
-    "_ssd_chunk_state_kernel": "(batch * cdiv(length, chunk), heads, cdiv(head_dim, BLOCK_P))",
+    "_ssd_chunk_cumsum_kernel": "(batch, cdiv(length, chunk), cdiv(heads, BLOCK_H))",
+    "_ssd_chunk_state_kernel": "(batch * cdiv(length, chunk), heads, "
+    "cdiv(head_dim, BLOCK_P) * cdiv(nstate, BLOCK_N))",
     "_ssd_state_passing_kernel": "(batch, heads, cdiv(head_dim * nstate, BLOCK))",
+    "_ssd_bmm_kernel": "(batch * cdiv(length, chunk), groups, "
+    "cdiv(chunk, BLOCK_M) * cdiv(chunk, BLOCK_S))",
     "_ssd_chunk_scan_kernel": "(batch * cdiv(length, chunk), heads, "
     "cdiv(chunk, BLOCK_M) * cdiv(head_dim, BLOCK_P))",
     "_rmsnorm_gated_kernel": "(rows, dim / group_size)",

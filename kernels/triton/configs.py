@@ -53,9 +53,90 @@ STATE_UPDATE_CPU = ScanConfig(block_d=64, chunk=1, num_warps=1)
 # Causal conv: (block_d channels) x (chunk positions) per program.
 CONV_GPU = ScanConfig(block_d=64, chunk=64, num_warps=4)
 CONV_CPU = ScanConfig(block_d=64, chunk=64, num_warps=1)
-# SSD (Mamba-2): chunk length of the block decomposition; tl.dot needs blocks >= 16.
-SSD_CHUNK_GPU = 64
-SSD_CHUNK_CPU = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class DotTile:
+    """A kernel's share of a matrix product: a (block_m x block_n) output tile per program, summed
+    over block_k at a time. Each block is a cap: the launcher uses ``max(16, min(cap,
+    next_power_of_2(size)))`` of the dimension it tiles (``tl.dot`` needs 16 and more)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3  # software-pipelined loads in flight (tensor-core products)
+
+
+@dataclasses.dataclass(frozen=True)
+class SsdConfig:
+    """SSD (Mamba-2, ``ssd_scan.py``): the chunk length Q of the block decomposition and each
+    kernel's tiles (m x n, summed over k):
+
+        chunk_state   head_dim x state, over the chunk's positions
+        bmm           chunk x chunk (C_t . B_s), over the state
+        chunk_scan    chunk rows x head_dim, over the state (the entering state), then over the
+                      chunk's earlier positions
+
+    Float32 operands take twice a 16-bit operand's registers and shared memory: their k block is
+    capped (``tf32_block_k`` on TF32 tensor cores, ``fma_block_k`` for IEEE products, Triton's
+    FMA dot, which also runs ``fma_stages`` stages); ``num_warps`` is chunk_cumsum's and
+    state_passing's.
+    """
+
+    chunk: int
+    cumsum_heads: int  # heads per chunk_cumsum program (dt is head-contiguous)
+    chunk_state: DotTile
+    bmm: DotTile
+    chunk_scan: DotTile
+    passing_block: int  # state elements (of head_dim x state) per state_passing program
+    tf32_block_k: int = 32
+    fma_block_k: int = 16
+    fma_stages: int = 1
+    num_warps: int = 4
+
+
+# SSD on the GPU, chosen for sm_90 (H100/H200). Chunk 256, the chunk_size of the Mamba-2
+# checkpoints (the result does not depend on it). 64 x 64 tiles of 4 warps: one warpgroup, m64
+# wgmma on sm_90 (mma.sync m16n8k16 on sm_80..89); for mamba2-130m / 2.7b (head_dim 64, state
+# 128) a (chunk, head) is 2 chunk_state and 4 chunk_scan programs, so L=2048 at batch 1 launches
+# 384 / 768 programs (2.7b: 1280 / 2560) for 132 SMs. Three stages keep the next two k-steps'
+# tiles in flight. ``ptxas -v`` (triton 3.9, ptxas 13.4 for sm_90 and 12.9 for sm_8x; the
+# specialisation Triton's JIT makes: unit strides constant, 16-divisible sizes and pointers
+# marked; mamba2-130m and 2.7b compile to the same binaries), registers / shared bytes on sm_90,
+# no spills on sm_80, sm_86, sm_89 or sm_90 (tests/test_triton_ssd.py, slow, checks):
+#     bf16 / fp16 (wgmma)   chunk_state 91 / 50,176   bmm 71 / 49,152   chunk_scan 169 / 66,560
+#     fp32 TF32 (wgmma)     chunk_state 72 / 49,664   bmm 71 / 49,152   chunk_scan 163 / 49,664
+#     fp32 IEEE (FMA)       chunk_state 92 / 8,192    bmm 128 / 8,192   chunk_scan 168 / 8,192
+#     chunk_cumsum 71 / 8,192, state_passing 28 / 0 (sm_8x: at most 204 registers, 58,368 B)
+# Float32 operands at k 64 spill: TF32's chunk_scan on sm_8x (up to 92 B), the FMA dot (3 stages:
+# up to 7.6 KB on sm_90; 1 stage: 1.7 KB on sm_80, and 32 B there at k 32): hence tf32_block_k 32,
+# fma_block_k 16, fma_stages 1. Other architectures: the stages are as many as fit the per-block
+# shared memory (sm_90 227 KB, sm_80 163 KB, sm_86/sm_89 99 KB); every binary above needs at most
+# 66,560 B, so these tiles serve sm_80..sm_90 alike, as ``ssmcc kernels build`` needs (it
+# compiles one specialisation for every architecture). A larger sm_90-only tile must come with its
+# own sm_86/89 variant.
+SSD_GPU = SsdConfig(
+    chunk=256,
+    cumsum_heads=8,
+    chunk_state=DotTile(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3),
+    bmm=DotTile(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3),
+    chunk_scan=DotTile(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3),
+    passing_block=512,
+    tf32_block_k=32,
+    fma_block_k=16,
+    fma_stages=1,
+)
+# The interpreter: short chunks (several per test sequence) and tiles as large as the data.
+SSD_CPU = SsdConfig(
+    chunk=16,
+    cumsum_heads=64,
+    chunk_state=DotTile(block_m=128, block_n=256, block_k=256, num_warps=1),
+    bmm=DotTile(block_m=256, block_n=256, block_k=256, num_warps=1),
+    chunk_scan=DotTile(block_m=256, block_n=128, block_k=256, num_warps=1),
+    passing_block=1 << 16,
+    num_warps=1,
+)
 # Matrix products (x @ W^T): tile sizes.
 MATMUL_GPU = dict(block_m=64, block_n=64, block_k=32, num_warps=4)
 MATMUL_CPU = dict(block_m=16, block_n=64, block_k=64, num_warps=1)
@@ -85,6 +166,13 @@ RECORDING_FOR_GPU = False
 def pick(device, gpu, cpu):
     """The GPU's or the interpreter's meta-parameters for tensors on ``device``."""
     return gpu if device.type == "cuda" or RECORDING_FOR_GPU else cpu
+
+
+def ssd_config(device) -> SsdConfig:
+    """The SSD tiles for tensors on ``device``: ``SSD_GPU`` on every CUDA GPU (and while ``aot``
+    records), ``SSD_CPU`` in the interpreter. ``SSD_GPU``'s note says why one set serves
+    sm_80..sm_90."""
+    return pick(device, SSD_GPU, SSD_CPU)
 
 
 def rows_block(rows: int, block: int) -> int:
