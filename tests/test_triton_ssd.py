@@ -1,5 +1,6 @@
 """The SSD scan's Triton kernels (``kernels/triton/ssd_scan.py``): each kernel against
-``ssmcc.ops.ssd_scan``'s reference in Triton's interpreter, and the tensor-core binaries.
+``ssmcc.ops.ssd_scan``'s reference in Triton's interpreter, the float32 TF32 option from
+``compile`` / the command line to the kernels' constants, and the tensor-core binaries.
 
 Shapes: L 1, 7, 37, 64 with chunk 16 (several chunks, a partial last one), head_dim 5 and 19
 (masked inside the dot's 16-wide blocks), 1-3 groups, initial state, dt bias / softplus /
@@ -182,6 +183,43 @@ def test_which_products_each_input_gets():
 
 
 SSD_DOT_KERNELS = {"_ssd_chunk_state_kernel", "_ssd_bmm_kernel", "_ssd_chunk_scan_kernel"}
+
+
+@pytest.mark.parametrize("allow_tf32", [False, True])
+def test_allow_tf32_reaches_the_kernels(allow_tf32):
+    """``compile(..., allow_tf32=True)`` makes every SSD product of a float32 model TF32 (its
+    kernels' ``PRECISION``), through the fused mixer; the default keeps IEEE float32. (TF32 cannot
+    run on the CPU: what it computes is checked on a GPU only.)"""
+    import ssmcc
+    from ssmcc.presets import build_preset
+
+    model = build_preset("mamba2-tiny").eval()
+    options = {"allow_tf32": True} if allow_tf32 else {}
+    compiled = ssmcc.compile(model, target="triton", interpret=True, **options)
+    ids = torch.randint(0, model.config.vocab_size, (1, 5))
+    launches = aot.record_launches(lambda: compiled.prefill(ids))
+    precisions = {
+        meta["PRECISION"] for k, _, _, meta in launches if k.fn.__name__ in SSD_DOT_KERNELS
+    }
+    assert precisions == {"tf32" if allow_tf32 else "ieee"}
+
+
+def test_allow_tf32_on_the_command_line():
+    from ssmcc.cli import _check_options, _target_options, build_parser
+    from ssmcc.errors import OptionError
+
+    parser = build_parser()
+    argv = ["compile", "mamba2-tiny", "--target", "triton", "--interpret", "--allow-tf32"]
+    options = _target_options(parser.parse_args([*argv, "--out", "x"]), "compile")
+    assert options == {"interpret": True, "allow_tf32": True}
+    _check_options("triton", options)
+    with pytest.raises(OptionError, match="allow_tf32.*belongs to target triton"):
+        _check_options("torch", {"allow_tf32": True})
+    plain = parser.parse_args(["compile", "mamba2-tiny", "--target", "triton", "--out", "x"])
+    assert "allow_tf32" not in _target_options(plain, "compile")
+    compile_parser = parser._subparsers._group_actions[0].choices["compile"]
+    flag = next(a for a in compile_parser._actions if a.dest == "allow_tf32")
+    assert "TF32" in flag.help and "relative error" in flag.help
 
 
 # ---- tensor-core binaries (no GPU: triton.compile to PTX, ptxas for registers / spills) ----

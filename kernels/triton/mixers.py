@@ -211,8 +211,11 @@ def ssd_mixer_fwd(
     dt_max=None,
     conv_state=None,
     ssm_state=None,
+    allow_tf32: bool = False,
 ):
-    """``ssd_mixer`` on Triton: zxbcdt (b, l, w) -> (y (b, l, d), conv_state, ssm_state)."""
+    """``ssd_mixer`` on Triton: zxbcdt (b, l, w) -> (y (b, l, d), conv_state, ssm_state). The
+    scan reads the conv's float32 output, so its products are float32: IEEE, or TF32 tensor cores
+    with ``allow_tf32`` (``ssd_scan.py`` states the error)."""
     batch, length, _ = zxbcdt.shape
     s = mixer_sizes(conv_weight, A, norm_weight, groups)
     inner, device = s["inner"], zxbcdt.device
@@ -229,7 +232,8 @@ def ssd_mixer_fwd(
     x, B, C = split_xbc(conv, s)
     scanned = torch.empty((batch, length, s["heads"], s["head_dim"]), dtype=F32, device=device)
     _, ssm_last = ssd_scan_fwd(
-        x, dt, A, B, C, D, None, dt_bias, dt_softplus, dt_min, dt_max, ssm_state, out=scanned
+        x, dt, A, B, C, D, None, dt_bias, dt_softplus, dt_min, dt_max, ssm_state, out=scanned,
+        allow_tf32=allow_tf32,
     )
     y = torch.empty((batch, length, inner), dtype=zxbcdt.dtype, device=device)
     rmsnorm_gated_fwd(

@@ -23,5 +23,15 @@ TARGET = Target(
             kind=bool,
             stages=(COMPILE, LOAD),
         ),
+        OptionSpec(
+            "allow_tf32",
+            False,
+            "the SSD scan's float32 matrix products (a float32 model's, and the fused Mamba-2 "
+            "mixer's in every dtype: it scans the conv's float32 output) on TF32 tensor cores "
+            "instead of IEEE float32: each operand keeps 10 of float32's 23 mantissa bits, up "
+            "to ~1e-3 relative error per operand and ~2e-3 per product (sums stay float32)",
+            kind=bool,
+            stages=(COMPILE, LOAD),
+        ),
     ),
 )

@@ -1,7 +1,8 @@
 """The triton target: lower, save and load (see ``lowering/registry.py`` for the contract).
 
 Lowering: the program is unlifted into an ``nn.Module`` (as the torch target does), every ssmcc
-op node is pointed at its Triton launcher (``kernels/triton/registry.py``), weight-only
+op node is pointed at its Triton launcher (``kernels/triton/registry.py``; with ``allow_tf32`` a
+launcher that takes that keyword gets it: the SSD scan and mixer), weight-only
 expressions are folded once (``lowering/torch/freeze.py``) and the module is moved to the device:
 the current CUDA GPU, or the CPU with ``interpret=True`` (Triton's interpreter). The rest of the
 graph (the ATen ops: embedding, norms, projections, the LM head) runs eagerly in PyTorch on that
@@ -16,6 +17,9 @@ are Triton's to compile (and cache) on first use, or ahead of time with ``ssmcc 
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 
 from ssmcc.kernels.triton.runtime import device_for, require_triton
@@ -26,21 +30,37 @@ from ssmcc.passes.program_set import STATEFUL_GRAPHS, ProgramSet
 
 
 def lower_to_triton(
-    program, kernels: str, device: torch.device, memo: dict | None = None
+    program, kernels: str, device: torch.device, memo: dict | None = None, allow_tf32=False
 ) -> torch.nn.Module:
     """The program as a module on ``device`` whose ssmcc ops call Triton launchers (weights
-    copied there once per ``memo``, see ``moved_without_sharing``)."""
+    copied there once per ``memo``, see ``moved_without_sharing``; ``allow_tf32`` passed to the
+    launchers that take it)."""
     from ssmcc.kernels.triton.registry import TRITON_KERNELS
 
     table = TRITON_KERNELS if kernels == "auto" else SSMCC_REFERENCES
     module = program.module()
     for node in module.graph.nodes:
         if node.op == "call_function" and is_ssmcc_op(node.target):
-            node.target = table[node.target._opname]
+            node.target = with_options(table[node.target._opname], allow_tf32=allow_tf32)
     module.recompile()
     fold_weight_expressions(module)
     flatten_weight_attributes(module)
     return moved_without_sharing(module, lambda t: t.to(device), {} if memo is None else memo)
+
+
+def with_options(launcher, **options):
+    """``launcher`` with the ``options`` it takes as keywords bound (itself when none is set or
+    it takes none of them), named as it is (the graph's code names its targets)."""
+    accepted = inspect.signature(launcher).parameters
+    bound = {k: v for k, v in options.items() if v and k in accepted}
+    if not bound:
+        return launcher
+
+    @functools.wraps(launcher)
+    def call(*args, **kwargs):
+        return launcher(*args, **kwargs, **bound)
+
+    return call
 
 
 def moved_without_sharing(module: torch.nn.Module, convert, memo: dict) -> torch.nn.Module:
@@ -69,10 +89,13 @@ def moved_without_sharing(module: torch.nn.Module, convert, memo: dict) -> torch
 class TritonExecutable:
     """Lowered modules of a ``ProgramSet`` on one device, one per graph, made on first use."""
 
-    def __init__(self, programs: ProgramSet, kernels: str, device: torch.device):
+    def __init__(
+        self, programs: ProgramSet, kernels: str, device: torch.device, allow_tf32: bool = False
+    ):
         self.programs = programs
         self.kernels = kernels
         self.device = device
+        self.allow_tf32 = allow_tf32
         self.specs = programs.specs
         self._modules: dict[str, torch.nn.Module] = {}
         self._on_device: dict = {}  # one copy of each weight on the device, for every graph
@@ -84,7 +107,11 @@ class TritonExecutable:
     def module(self, graph: str) -> torch.nn.Module:
         if graph not in self._modules:
             module = lower_to_triton(
-                self.programs.program(graph), self.kernels, self.device, self._on_device
+                self.programs.program(graph),
+                self.kernels,
+                self.device,
+                self._on_device,
+                self.allow_tf32,
             )
             if graph in STATEFUL_GRAPHS:
                 module.validate_inputs = False  # CompiledModel checked the ids and states
@@ -107,7 +134,7 @@ def _device(options) -> torch.device:
 
 
 def lower(programs: ProgramSet, options) -> TritonExecutable:
-    return TritonExecutable(programs, options.kernels, _device(options))
+    return TritonExecutable(programs, options.kernels, _device(options), options["allow_tf32"])
 
 
 def save(executable: TritonExecutable, folder: str) -> dict:
@@ -117,7 +144,7 @@ def save(executable: TritonExecutable, folder: str) -> dict:
 def load(files, manifest: dict, options) -> TritonExecutable:
     device = _device(options)
     restored = torch_target.load(files, manifest, options)
-    return TritonExecutable(restored.programs, options.kernels, device)
+    return TritonExecutable(restored.programs, options.kernels, device, options["allow_tf32"])
 
 
 def native_ops() -> dict[str, str]:
