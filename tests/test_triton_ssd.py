@@ -40,7 +40,7 @@ from ssmcc.kernels.triton import aot, configs  # noqa: E402
 from ssmcc.kernels.triton.configs import DotTile, SsdConfig  # noqa: E402
 from ssmcc.kernels.triton.ssd_scan import dot_operands, ssd_scan_chunked, ssd_scan_fwd  # noqa: E402
 from ssmcc.ops import ssd_scan_ref  # noqa: E402
-from ssmcc.ops.ssd_math import discretized_dt, heads_of_groups  # noqa: E402
+from ssmcc.ops.ssd_math import discretized_dt  # noqa: E402
 
 TOLERANCES = {
     torch.float32: dict(rtol=6e-4, atol=2e-3),
