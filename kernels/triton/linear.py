@@ -6,7 +6,8 @@ for the mixers' float projections, float32) with ``scale`` (n, G) float32 or non
 
     W[r, c]   = weight[r, c] * scale[r, c // (k / G)]       (no scale: W = weight)
     linear    = x W^T + bias        x (m, k) -> (m, n), accumulated in float32
-    embedding = W[ids]              ids (...) -> (..., k) float32
+    embedding = W[ids]              ids (...) -> (..., k) float32 (a 16-bit W without scale:
+                                    the widened rows, written float32 directly)
 
 The product is tiled (block_m x block_n outputs per program, block_k inputs per step of the
 reduction); each weight tile is widened to float32 in registers as it is loaded, so the weight
@@ -56,14 +57,15 @@ def _embedding_kernel(
     ids_ptr, w_ptr, scale_ptr, out_ptr,
     K, group_len,
     s_wn, s_wk, s_sn, s_sg, s_or,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, HAS_SCALE: tl.constexpr,
 ):
     i = tl.program_id(0)
     k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     row = tl.load(ids_ptr + i)
     mask = k < K
     w = tl.load(w_ptr + row * s_wn + k * s_wk, mask=mask, other=0.0).to(tl.float32)
-    w *= tl.load(scale_ptr + row * s_sn + (k // group_len) * s_sg, mask=mask, other=0.0)
+    if HAS_SCALE:
+        w *= tl.load(scale_ptr + row * s_sn + (k // group_len) * s_sg, mask=mask, other=0.0)
     tl.store(out_ptr + i * s_or + k, w, mask=mask)
 
 
@@ -102,15 +104,18 @@ def quantized_linear_fwd(x, weight, scale, bias=None) -> torch.Tensor:
     return linear_fwd(x, weight, scale, bias)
 
 
-def quantized_embedding_fwd(ids, weight, scale) -> torch.Tensor:
-    """``quantized_embedding`` on Triton: ids (...) int64 -> (..., k) float32."""
+def quantized_embedding_fwd(ids, weight, scale=None) -> torch.Tensor:
+    """``quantized_embedding`` on Triton: ids (...) int64 -> (..., k) float32; without ``scale``
+    the rows of ``weight`` widened (the float32 lookup of a 16-bit table, no 16-bit copy)."""
     K = weight.shape[1]
     flat = ids.reshape(-1).contiguous()
     out = torch.empty((flat.shape[0], K), dtype=torch.float32, device=ids.device)
     if flat.shape[0] and K:
         block_k = min(1024, next_power_of_2(K))
         launch(_embedding_kernel, (flat.shape[0], -(-K // block_k)))(
-            flat, weight, scale, out, K, K // scale.shape[1], *weight.stride(), *scale.stride(),
-            out.stride(0), BLOCK_K=block_k, num_warps=4 if block_k >= 512 else 1,
+            flat, weight, scale if scale is not None else weight, out,
+            K, K // scale.shape[1] if scale is not None else 1, *weight.stride(),
+            *(scale.stride() if scale is not None else (0, 0)), out.stride(0),
+            BLOCK_K=block_k, HAS_SCALE=scale is not None, num_warps=4 if block_k >= 512 else 1,
         )
     return out.reshape(*ids.shape, K)

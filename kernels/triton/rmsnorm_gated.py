@@ -43,14 +43,15 @@ def _rmsnorm_gated_kernel(
 
 
 def rmsnorm_gated_fwd(x, z, weight, group_size: int, eps: float = 1e-6,
-                      norm_before_gate: bool = False, out=None) -> torch.Tensor:
-    """``rmsnorm_gated`` on Triton. x, z (..., d); weight (d,) contiguous -> out (..., d) dtype
-    of x, or written into ``out`` (its dtype)."""
+                      norm_before_gate: bool = False, out=None, out_dtype=None) -> torch.Tensor:
+    """``rmsnorm_gated`` on Triton. x, z (..., d) any float dtypes (widened to float32 in
+    registers); weight (d,) contiguous -> out (..., d) in ``out_dtype`` (default x's; rounded once,
+    on the store), or written into ``out`` (its dtype)."""
     dim = x.shape[-1]
     rows = x.reshape(-1, dim)
     gates = z.reshape(-1, dim) if z is not None else rows
     if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        out = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     target = out.view(-1, dim)
     if rows.shape[0]:
         launch(_rmsnorm_gated_kernel, (rows.shape[0], dim // group_size))(

@@ -25,6 +25,7 @@ import torch
 from ssmcc.kernels.triton.runtime import device_for, require_triton
 from ssmcc.lowering.torch import target as torch_target
 from ssmcc.lowering.torch.freeze import flatten_weight_attributes, fold_weight_expressions
+from ssmcc.lowering.triton.casts import fold_casts
 from ssmcc.ops import SSMCC_OPS, SSMCC_REFERENCES, is_ssmcc_op
 from ssmcc.passes.program_set import STATEFUL_GRAPHS, ProgramSet
 
@@ -45,6 +46,8 @@ def lower_to_triton(
     module.recompile()
     fold_weight_expressions(module)
     flatten_weight_attributes(module)
+    if kernels == "auto":
+        module.meta["cast_hits"] = fold_casts(module)
     return moved_without_sharing(module, lambda t: t.to(device), {} if memo is None else memo)
 
 
