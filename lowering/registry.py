@@ -16,6 +16,8 @@ An ``Executable`` runs the target's form of the programs::
     run(graph, *inputs) -> list[Tensor]
         forward: the model's own inputs -> its outputs
         prefill/chunk/step: (input_ids, *states) -> (logits, *new states)
+    decode_session(batch, sampling) -> session or None     # optional: decoding on the device
+        (``runtime/generation.py``'s ``stream``; the triton target's CUDA graphs)
 
 ``compile``, ``load``, ``save``, the command line's choices and ``ssmcc coverage`` read this
 registry: a new target is a new folder, nothing else. ``PLANNED`` names targets the design card

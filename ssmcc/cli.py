@@ -316,8 +316,8 @@ def _add_option(parser, spec, default=argparse.SUPPRESS, help_suffix: str = "") 
     kwargs = {"help": spec.help + help_suffix, "default": default}
     if spec.kind is int:
         kwargs.update(type=int, metavar=spec.metavar or "N")
-    elif spec.kind is bool:
-        kwargs.update(action="store_true")
+    elif spec.kind is bool:  # an option on by default is turned off with --no-NAME
+        kwargs.update(action="store_true" if not spec.default else argparse.BooleanOptionalAction)
     elif spec.choices is not None:
         kwargs.update(choices=list(spec.choices))
     parser.add_argument(_flag(spec.name), **kwargs)

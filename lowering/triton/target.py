@@ -9,7 +9,11 @@ graph (the ATen ops: embedding, norms, projections, the LM head) runs eagerly in
 device; ``kernels="reference"`` runs the ssmcc ops' PyTorch references there instead.
 
 ``run`` moves its inputs to the device; the states it returns stay there (a decode loop never
-copies them back), the logits come back to the CPU, where the runtime samples.
+copies them back), the logits come back to the CPU, where the runtime samples. ``generate`` and
+``stream`` on a CUDA device instead decode through ``decode_session``: the step captured as one
+CUDA graph per batch-size bucket over state pools, tokens chosen on the device
+(``decode_graph.py``); ``decode_refusal(batch)`` says why a generation decodes eagerly instead
+(``cuda_graphs=False``, the CPU, reference kernels, K/V caches, a batch above 64).
 
 Artifact: the torch target's (``weights.safetensors`` + one ``.pt2`` per program); the kernels
 are Triton's to compile (and cache) on first use, or ahead of time with ``ssmcc kernels build``.
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 
 import torch
 
@@ -26,6 +31,7 @@ from ssmcc.kernels.triton.runtime import device_for, require_triton
 from ssmcc.lowering.torch import target as torch_target
 from ssmcc.lowering.torch.freeze import flatten_weight_attributes, fold_weight_expressions
 from ssmcc.lowering.triton.casts import fold_casts
+from ssmcc.lowering.triton.decode_plan import graph_refusal
 from ssmcc.ops import SSMCC_OPS, SSMCC_REFERENCES, is_ssmcc_op
 from ssmcc.passes.program_set import STATEFUL_GRAPHS, ProgramSet
 
@@ -90,18 +96,34 @@ def moved_without_sharing(module: torch.nn.Module, convert, memo: dict) -> torch
 
 
 class TritonExecutable:
-    """Lowered modules of a ``ProgramSet`` on one device, one per graph, made on first use."""
+    """Lowered modules of a ``ProgramSet`` on one device, one per graph, made on first use, and
+    the captured decode over its step (``capture``: ``decode_graph.CudaGraphs`` on a CUDA
+    device unless ``cuda_graphs`` is off, else None; ``use_capture`` sets another strategy)."""
 
     def __init__(
-        self, programs: ProgramSet, kernels: str, device: torch.device, allow_tf32: bool = False
+        self,
+        programs: ProgramSet,
+        kernels: str,
+        device: torch.device,
+        allow_tf32: bool = False,
+        cuda_graphs: bool = True,
     ):
         self.programs = programs
         self.kernels = kernels
         self.device = device
         self.allow_tf32 = allow_tf32
         self.specs = programs.specs
+        self.cuda_graphs = cuda_graphs
+        self.capture = None
+        if device.type == "cuda" and cuda_graphs:
+            from ssmcc.lowering.triton.decode_graph import CudaGraphs
+
+            self.capture = CudaGraphs(device)
         self._modules: dict[str, torch.nn.Module] = {}
         self._on_device: dict = {}  # one copy of each weight on the device, for every graph
+        self._decoder = None  # decode_graph.GraphDecoder, made on first use
+        self._step_refusal: str | None = None
+        self._decoder_lock = threading.Lock()
 
     @property
     def graphs(self) -> tuple[str, ...]:
@@ -121,6 +143,47 @@ class TritonExecutable:
             self._modules[graph] = module
         return self._modules[graph]
 
+    def use_capture(self, capture) -> None:
+        """Decode through ``capture`` (e.g. ``decode_graph.DirectCall()``: the captured path's
+        static buffers run without a graph, on the CPU too); None: eagerly."""
+        with self._decoder_lock:
+            self.capture, self._decoder, self._step_refusal = capture, None, None
+
+    def decode_refusal(self, batch: int) -> str | None:
+        """Why ``generate``/``stream`` of ``batch`` rows decode eagerly, or None."""
+        step = None
+        if self.cuda_graphs and self.capture is not None and self.kernels == "auto":
+            step = self._graph_decoder()[1]
+        return graph_refusal(
+            cuda_graphs=self.cuda_graphs,
+            capture=self.capture,
+            kernels=self.kernels,
+            batch=batch,
+            step_refusal=step,
+        )
+
+    def decode_session(self, batch: int, sampling):
+        """A generation decoded on the device (``decode_graph.DecodeSession``), or None: it
+        decodes eagerly (``decode_refusal``), or another generation holds the graphs."""
+        if self.decode_refusal(batch) is not None:
+            return None
+        return self._graph_decoder()[0].session(batch, sampling)
+
+    def _graph_decoder(self) -> tuple:
+        """(the ``GraphDecoder``, None) or (None, why the step cannot run over pools)."""
+        from ssmcc.lowering.triton.decode_graph import GraphDecoder
+        from ssmcc.lowering.triton.pooled_step import StepRefusal
+
+        with self._decoder_lock:
+            if self._decoder is None and self._step_refusal is None:
+                try:
+                    self._decoder = GraphDecoder(
+                        self.module("step"), self.specs, self.device, self.capture
+                    )
+                except StepRefusal as refusal:
+                    self._step_refusal = str(refusal)
+            return self._decoder, self._step_refusal
+
     def run(self, graph: str, *inputs) -> list[torch.Tensor]:
         moved = [t.to(self.device) if isinstance(t, torch.Tensor) else t for t in inputs]
         with torch.no_grad():
@@ -137,7 +200,8 @@ def _device(options) -> torch.device:
 
 
 def lower(programs: ProgramSet, options) -> TritonExecutable:
-    return TritonExecutable(programs, options.kernels, _device(options), options["allow_tf32"])
+    return TritonExecutable(programs, options.kernels, _device(options), options["allow_tf32"],
+                            options["cuda_graphs"])
 
 
 def save(executable: TritonExecutable, folder: str) -> dict:
@@ -147,7 +211,8 @@ def save(executable: TritonExecutable, folder: str) -> dict:
 def load(files, manifest: dict, options) -> TritonExecutable:
     device = _device(options)
     restored = torch_target.load(files, manifest, options)
-    return TritonExecutable(restored.programs, options.kernels, device, options["allow_tf32"])
+    return TritonExecutable(restored.programs, options.kernels, device, options["allow_tf32"],
+                            options["cuda_graphs"])
 
 
 def native_ops() -> dict[str, str]:

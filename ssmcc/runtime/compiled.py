@@ -274,7 +274,10 @@ class CompiledModel:
             prefill, batch = (lambda: prefill_rows(ids)), ids.shape[0]
         else:
             prefill, batch = (lambda: self._ragged_prefill(rows, prefill_rows)), len(rows)
-        return stream(prefill, step, batch, max_new_tokens, Sampling(**sampling), eos_token_id)
+        chosen = Sampling(**sampling)
+        session = getattr(self._executable, "decode_session", None)  # decoding on the device
+        device_decode = (lambda: session(batch, chosen)) if session is not None else None
+        return stream(prefill, step, batch, max_new_tokens, chosen, eos_token_id, device_decode)
 
     def _ragged_prefill(self, rows, prefill_rows):
         """Prompts of different lengths: each row prefilled alone (no padding enters a state, so

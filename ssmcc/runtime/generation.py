@@ -4,10 +4,12 @@
     token = choose(logits[:, -1]); repeat: logits, state = step(token, state)
 
 ``choose`` is greedy (argmax) or sampling: logits / temperature, then top-k, then top-p (nucleus)
-filtering, then a draw from the softmax with a seeded generator. ``eos_token_id`` is one id or
-several (as Hugging Face's ``generate`` takes it); a row that produced one of them keeps emitting
-that one; generation stops early when every row has. ``stream`` yields each new token column as it
-is produced.
+filtering (``filtered_scores``), then a draw from the softmax with a seeded generator. A target
+may decode on its device instead (``stream``'s ``device_decode``: the triton target's CUDA
+graphs choose the tokens there); a seed then promises the same tokens on that target, not the
+same as this loop's. ``eos_token_id`` is one id or several (as Hugging Face's ``generate`` takes
+it); a row that produced one of them keeps emitting that one; generation stops early when every
+row has. ``stream`` yields each new token column as it is produced.
 """
 
 from __future__ import annotations
@@ -77,10 +79,9 @@ def check_eos_token_id(eos_token_id, vocab_size: int | None) -> tuple[int, ...] 
     return ids
 
 
-def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None):
-    """Next token per row from logits (b, vocab)."""
-    if not sampling.do_sample:
-        return logits.argmax(-1)
+def filtered_scores(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Scores (b, vocab) a sample is drawn from, softmax-ed: logits / temperature, then top-k,
+    then top-p (nucleus) filtering (a dropped token's score is -inf)."""
     scores = logits.float() / sampling.temperature
     if sampling.top_k is not None:
         kth = torch.topk(scores, min(sampling.top_k, scores.shape[-1]), dim=-1).values[:, -1:]
@@ -90,7 +91,37 @@ def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator 
         cumulative = ordered.softmax(-1).cumsum(-1)
         drop = cumulative - ordered.softmax(-1) >= sampling.top_p  # keep the first past top_p
         scores = scores.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
+    return scores
+
+
+def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None):
+    """Next token per row from logits (b, vocab)."""
+    if not sampling.do_sample:
+        return logits.argmax(-1)
+    scores = filtered_scores(logits, sampling)
     return torch.multinomial(scores.softmax(-1), 1, generator=generator)[:, 0]
+
+
+class _EndOfSequence:
+    """Rows that produced an ``eos_token_id`` keep emitting it (as the eager loop feeds it)."""
+
+    def __init__(self, batch: int, eos_token_id: tuple[int, ...] | None):
+        self.ids = eos_token_id
+        self.finished = torch.zeros(batch, dtype=torch.bool)
+        self.ended_with = torch.zeros(batch, dtype=torch.long)  # the eos id each row produced
+        self.stops = torch.tensor(eos_token_id or (), dtype=torch.long)
+
+    def apply(self, token: torch.Tensor) -> torch.Tensor:
+        if self.ids is None:
+            return token
+        token = torch.where(self.finished, self.ended_with, token)
+        self.ended_with = torch.where(self.finished, self.ended_with, token)
+        self.finished |= torch.isin(token, self.stops)
+        return token
+
+    @property
+    def all_finished(self) -> bool:
+        return self.ids is not None and bool(self.finished.all())
 
 
 def stream(
@@ -100,28 +131,40 @@ def stream(
     max_new_tokens: int,
     sampling: Sampling = Sampling(),
     eos_token_id: tuple[int, ...] | None = None,
+    device_decode: Callable | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield each new token column (b,) as it is produced: ``prefill()`` gives the last
     position's logits (b, vocab) and a state, ``step(tokens (b, 1), state)`` the next ones; the
-    state is opaque here. ``eos_token_id``: the ids that end a row (``check_eos_token_id``)."""
+    state is opaque here. ``eos_token_id``: the ids that end a row (``check_eos_token_id``).
+
+    ``device_decode()``, where a target offers one, returns a session that decodes on the
+    device (``session.columns(prefill, max_new_tokens)`` yields the chosen token columns,
+    ``session.close()`` ends it) or None (this generation decodes here, step by step): the
+    triton target's CUDA graphs. Its rows are fed their own tokens after an EOS; those are
+    replaced here, so every row's output is the same as this loop's."""
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     sampling.check()
+    eos = _EndOfSequence(batch, eos_token_id)
+    session = device_decode() if device_decode is not None else None
+    if session is not None:
+        try:
+            for column in session.columns(prefill, max_new_tokens):
+                yield eos.apply(column)
+                if eos.all_finished:
+                    return
+        finally:
+            session.close()
+        return
     generator = None
     if sampling.do_sample:
         generator = torch.Generator()
         generator.manual_seed(sampling.seed if sampling.seed is not None else torch.seed() % 2**63)
     logits, state = prefill()
-    finished = torch.zeros(batch, dtype=torch.bool)
-    ended_with = torch.zeros(batch, dtype=torch.long)  # the eos id each finished row produced
-    stops = torch.tensor(eos_token_id or (), dtype=torch.long)
     for produced in range(max_new_tokens):
-        token = choose(logits[:, -1] if logits.dim() == 3 else logits, sampling, generator)
-        if eos_token_id is not None:
-            token = torch.where(finished, ended_with, token)
-            ended_with = torch.where(finished, ended_with, token)
-            finished |= torch.isin(token, stops)
+        last = logits[:, -1] if logits.dim() == 3 else logits
+        token = eos.apply(choose(last, sampling, generator))
         yield token
-        if produced + 1 == max_new_tokens or (eos_token_id is not None and finished.all()):
+        if produced + 1 == max_new_tokens or eos.all_finished:
             return
         logits, state = step(token[:, None], state)
