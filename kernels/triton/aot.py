@@ -80,10 +80,14 @@ class Specialization:
     constexprs: tuple[tuple[str, object], ...]
     num_warps: int
     grid: tuple[int, ...]  # as recorded
+    num_stages: int | None = None  # None: Triton's default (3)
 
     @property
     def key(self) -> str:
-        text = json.dumps([self.kernel, self.signature, self.constexprs, self.num_warps])
+        fields = [self.kernel, self.signature, self.constexprs, self.num_warps]
+        if self.num_stages is not None:  # (keys of the default stay what they were)
+            fields.append(self.num_stages)
+        text = json.dumps(fields)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -164,9 +168,10 @@ def _compile(spec: Specialization, arch: int, kernels: dict):
     source = ASTSource(
         fn=kernels[spec.kernel], signature=dict(spec.signature), constexprs=dict(spec.constexprs)
     )
-    return triton.compile(
-        source, target=GPUTarget("cuda", arch, 32), options={"num_warps": spec.num_warps}
-    )
+    options = {"num_warps": spec.num_warps}
+    if spec.num_stages is not None:
+        options["num_stages"] = spec.num_stages
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def _jit_functions() -> dict:

@@ -35,7 +35,8 @@ Grids and memory (b batch, K = cdiv(l, Q) chunks, h heads, G groups; tiles from 
     chunk_state    (b*K, h, p-tiles * n-tiles)        (p x n) tile over the chunk, BLOCK_K rows of
                                                       x (p-contiguous) and B (n-contiguous) a step
     state_passing  (b, h, cdiv(p*n, BLOCK))           walks the K chunks, contiguous p*n vectors,
-                                                      rewrites S_k as h_in[k] in place
+                                                      writes h_in[k] to ``starts`` (here S_k's
+                                                      own memory; the TensorRT plugin's output)
     bmm            (b*K, G, Q-tiles * Q-tiles)        tiles above the diagonal return at once
     chunk_scan     (b*K, h, Q-tiles * p-tiles)        C (n-contiguous) x h_in^T, then the causal
                                                       CB tiles (a row's columns contiguous) x x
@@ -149,13 +150,14 @@ def _ssd_chunk_state_kernel(
 
 @triton.jit
 def _ssd_state_passing_kernel(
-    states_ptr, acs_ptr, h0_ptr, final_ptr,
+    states_ptr, acs_ptr, h0_ptr, starts_ptr, final_ptr,
     size, chunks, chunk,
     s_sb, s_sk, s_sh, s_ab, s_ah, s_ak, s_aq, s_hb, s_hh, s_fb, s_fh,
     BLOCK: tl.constexpr, HAS_H0: tl.constexpr,
 ):
-    """States as flat (p * n) vectors, contiguous: ``states`` (b, K, h, p*n) holds S_k and is
-    overwritten with h_in[k]; ``h0``/``final`` (b, h, p*n)."""
+    """States as flat (p * n) vectors, contiguous: ``states`` (b, K, h, p*n) holds S_k, h_in[k]
+    goes to ``starts`` (same strides; ``states`` itself: rewritten in place); ``h0``/``final``
+    (b, h, p*n)."""
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     e = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
@@ -165,10 +167,11 @@ def _ssd_state_passing_kernel(
     else:
         state = tl.zeros((BLOCK,), dtype=tl.float32)
     states_ptr += b * s_sb + h * s_sh + e
+    starts_ptr += b * s_sb + h * s_sh + e
     acs_ptr += b * s_ab + h * s_ah + (chunk - 1) * s_aq
     for k in range(0, chunks):
         S = tl.load(states_ptr + k * s_sk, mask=mask, other=0.0)
-        tl.store(states_ptr + k * s_sk, state, mask=mask)
+        tl.store(starts_ptr + k * s_sk, state, mask=mask)
         state = tl.exp(tl.load(acs_ptr + k * s_ak)) * state + S
     tl.store(final_ptr + b * s_fb + h * s_fh + e, state, mask=mask)
 
@@ -400,7 +403,7 @@ def ssd_scan_chunked(
     size = head_dim * nstate
     block = min(cfg.passing_block, next_power_of_2(size))
     launch(_ssd_state_passing_kernel, (batch, heads, -(-size // block)))(
-        states, acs, h0, final, size, chunks, Q,
+        states, acs, h0, states, final, size, chunks, Q,
         states.stride(0), states.stride(1), states.stride(2), *acs.stride(),
         h0.stride(0), h0.stride(1), final.stride(0), final.stride(1),
         BLOCK=block, HAS_H0=initial_state is not None, num_warps=cfg.num_warps,
