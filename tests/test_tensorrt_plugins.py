@@ -21,6 +21,8 @@ from ssmcc.ops import SSMCC_OPS  # noqa: E402
 from ssmcc.ops.activations import FORMS  # noqa: E402
 
 CONVS = ("CausalConv1d", "CausalConv1dUpdate")
+# one plugin per ONNX node (the SSD scan's chain of plugins: tests/test_tensorrt_ssd_chain.py)
+NODE_PLUGINS = sorted(op_type for op_type, spec in SPECS.items() if not spec.part_of)
 
 
 def node_inputs(op_type: str, sizes: dict, make) -> dict:
@@ -143,7 +145,7 @@ def random_attributes(op_type: str, sizes: dict, rng: random.Random) -> dict:
     return values | {k: v for k, v in flags.items() if k not in floats}
 
 
-@pytest.mark.parametrize("op_type", sorted(SPECS))
+@pytest.mark.parametrize("op_type", NODE_PLUGINS)
 def test_descriptor_rules_equal_the_fake_impls_on_random_shapes(op_type):
     """Each output's shape rule over int dims, and its dtype rule, equal what the op's fake
     implementation returns for 200 random shapes."""
@@ -157,12 +159,12 @@ def test_descriptor_rules_equal_the_fake_impls_on_random_shapes(op_type):
             fake = call_op(op_type, inputs, attributes)
         dims = {name: tuple(t.shape) for name, t in inputs.items()}
         expected = [tuple(t.shape) for t in fake]
-        assert output_shapes(spec, dims) == expected, (op_type, sizes, attributes)
+        assert output_shapes(spec, dims, attributes) == expected, (op_type, sizes, attributes)
         for rule, out in zip(spec.output_dtypes, fake, strict=True):
             assert (torch.float32 if rule == FLOAT32 else inputs[rule].dtype) == out.dtype
 
 
-@pytest.mark.parametrize("op_type", sorted(SPECS))
+@pytest.mark.parametrize("op_type", NODE_PLUGINS)
 def test_grid_covers_every_output_element_once(op_type):
     """The grid's program count along the channel dim covers ``dim`` with the kernel's block
     (the norm: one program per row and group)."""
@@ -176,14 +178,14 @@ def test_grid_covers_every_output_element_once(op_type):
         }
         attributes = random_attributes(op_type, sizes, rng)
         static = {key: dims[key[0]][key[1]] for key in spec.static_dims}
-        constexprs = spec.constexprs(attributes, static)
+        constexprs = spec.constexprs(attributes, static, dict.fromkeys(spec.inputs, "*fp32"))
         grid = spec.grid(dims, INT_OPS, constexprs)
         if op_type == "RmsNormGated":  # no rows at length 0 (TensorRT's profiles start at 1)
             assert grid == (math.prod(dims["x"][:-1]), sizes["g"], 1)
             continue
         assert all(g >= 1 for g in grid)
         assert grid[0] == sizes["b"]
-        if op_type in ("SsdScan", "SsdStateUpdate"):  # (batch, heads, head-dim row blocks)
+        if op_type == "SsdStateUpdate":  # (batch, heads, head-dim row blocks)
             block = constexprs.get("BLOCK_P", constexprs.get("BLOCK_R"))
             assert grid[1] == sizes["h"]
             assert (grid[2] - 1) * block < sizes["p"] <= grid[2] * block
@@ -201,7 +203,7 @@ CASES = [  # sizes, flags (and dt clamped to [0.001, 0.5] when set)
 ]
 
 
-@pytest.mark.parametrize("op_type", sorted(SPECS))
+@pytest.mark.parametrize("op_type", NODE_PLUGINS)
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_plugin_kernel_equals_the_reference(op_type, case):
     """The kernel, given what TensorRT gives it, computes the node's outputs (float32, 1e-5;
@@ -239,7 +241,7 @@ def test_conv_plugin_kernel_applies_each_activation(op_type, code):
         op_type, sizes, lambda shape, _: 2 * torch.randn(shape, generator=generator)
     )
     attributes = {"activation": code}
-    made = SPECS[op_type].constexprs(attributes, {("weight", 1): sizes["k"]})
+    made = SPECS[op_type].constexprs(attributes, {("weight", 1): sizes["k"]}, {})
     assert made["ACTIVATION"] == code
     got = launch_plugin(SPECS[op_type], inputs, attributes)
     expected = call_op(op_type, inputs, attributes)
@@ -250,7 +252,7 @@ def test_conv_plugin_kernel_applies_each_activation(op_type, code):
 @pytest.mark.parametrize("op_type", CONVS)
 def test_conv_plugin_refuses_an_unknown_activation_code(op_type):
     with pytest.raises(LoweringError, match="activation attribute is 6; the codes are 0-5"):
-        SPECS[op_type].constexprs({"activation": 6}, {("weight", 1): 4})
+        SPECS[op_type].constexprs({"activation": 6}, {("weight", 1): 4}, {})
 
 
 def test_every_activation_of_the_conv_plugin_compiles_to_its_own_ptx(tmp_path):

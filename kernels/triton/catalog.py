@@ -68,5 +68,12 @@ GRID_RULES = {
     "trt_causal_conv1d_update_kernel": "(batch, cdiv(dim, BLOCK_D), 1)",
     "trt_rmsnorm_gated_kernel": "(rows, dim / GROUP, 1)",
     "trt_ssd_state_update_kernel": "(batch, heads, cdiv(head_dim, BLOCK_R))",
-    "trt_ssd_scan_kernel": "(batch, heads, cdiv(head_dim, BLOCK_P))",
+    # the SSD scan as a chain of plugins, K = cdiv(length, CHUNK)
+    "trt_ssd_chunk_cumsum_kernel": "(batch, K, cdiv(heads, BLOCK_H))",
+    "trt_ssd_chunk_state_kernel": "(batch * K, heads, cdiv(head_dim, BLOCK_P) * cdiv(nstate, "
+    "BLOCK_N))",
+    "trt_ssd_state_passing_kernel": "(batch, heads, cdiv(head_dim * nstate, BLOCK))",
+    "trt_ssd_bmm_kernel": "(batch * K, groups, cdiv(CHUNK, BLOCK_M) * cdiv(CHUNK, BLOCK_S))",
+    "trt_ssd_chunk_scan_kernel": "(batch * K, heads, cdiv(CHUNK, BLOCK_M) * cdiv(head_dim, "
+    "BLOCK_P))",
 }

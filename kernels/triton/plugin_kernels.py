@@ -7,7 +7,8 @@ then the output pointers; floats cannot be passed at run time. The kernels of th
 their tensors in another order, with strides, and two of them (the scan and the convolution) are
 launched as more than one kernel. Each wrapper below is one ``@triton.jit`` kernel that calls an
 existing kernel of this package as a device function (Triton inlines it), so the math is the
-kernels' own (``selective_scan.py``, ``causal_conv1d.py``, ``state_update.py``):
+kernels' own (``selective_scan.py``, ``causal_conv1d.py``, ``state_update.py``,
+``ssd_scan.py``):
 
     SelectiveScan       the scan's chunk-scan kernel over one chunk = the whole sequence,
                         started from ``initial_state``: a program owns (batch, BLOCK_D channels)
@@ -20,9 +21,29 @@ kernels' own (``selective_scan.py``, ``causal_conv1d.py``, ``state_update.py``):
                         single kernels already, strides derived from the sizes (the norm's
                         group size and eps, and Mamba-2's dt limits, are constants: a binary per
                         value)
-    SsdScan             a kernel of its own (the SSD scan is 4 kernels in ``ssd_scan.py``): the
-                        recurrence one position after another, a program per (batch, head,
-                        BLOCK_P head-dim rows)
+    SsdChunkCumsum, SsdChunkState, SsdStatePassing, SsdBmm, SsdChunkScan
+                        the SSD scan's five kernels (``ssd_scan.py``), one per node of the chain
+                        an ``SsdScan`` node becomes (``lowering/tensorrt/ssd_chain.py``): the
+                        chunk length Q (``CHUNK``) and the head and state sizes' tiles are
+                        constants of the specialisation; K = cdiv(length, Q) is computed in the
+                        kernel; the intermediates are the nodes' float32 outputs, contiguous
+
+The SSD chain, per batch row and head i (group g = i // (h / G); math in ``ssd_scan.py``)::
+
+    SsdChunkCumsum   dt_t = clamp(softplus(dt_t + dt_bias_i)), 0 past l; a_t = cumsum dt A_i
+                     -> dt_chunks, dA_cumsum (b, h, K, Q)
+    SsdChunkState    S_k = x^T diag(exp(a_last - a_t) dt_t) B  (the chunk from a zero state)
+                     -> chunk_states (b, K, h, p, n)
+    SsdStatePassing  h_in[0] = initial_state, h_in[k+1] = exp(a_last(k)) h_in[k] + S_k
+                     -> chunk_starts (b, K, h, p, n), final_state (b, h, p, n)
+    SsdBmm           CB_k = C B^T per chunk and group (causal tiles only) -> CB (b, K, G, Q, Q)
+    SsdChunkScan     y = exp(a) C h_in^T + (CB o L) x + D x, times silu(z) -> out (b, l, h, p)
+
+Memory access: each program reads whole rows of x (head_dim-contiguous), B and C (state-
+contiguous) and the chunk's dt / a (Q-contiguous); only SsdStatePassing walks the K chunks, over
+flat (p n) float32 vectors; the products are ``tl.dot`` on the node's 16-bit dtype when x, B
+and C share one (float32 accumulation; the k block 16: ``specs.PLUGIN_16BIT_BLOCK_K`` says why),
+IEEE float32 otherwise (one pipeline stage, k block 16, as the triton target's FMA products).
 
 Every tensor is contiguous in the ONNX node's layout (TensorRT's linear format), so strides are
 products of sizes. Each node input is present (the ONNX emitters write zeros for an absent
@@ -36,7 +57,11 @@ cdiv(a, b) = ceil(a / b)::
     CausalConv1dUpdate    (batch, cdiv(dim, BLOCK_D), 1)
     RmsNormGated          (rows, dim / GROUP, 1)      rows: the product of x's leading dims
     SsdStateUpdate        (batch, heads, cdiv(head_dim, BLOCK_R))
-    SsdScan               (batch, heads, cdiv(head_dim, BLOCK_P))
+    SsdChunkCumsum        (batch, K, cdiv(heads, BLOCK_H))
+    SsdChunkState         (batch * K, heads, cdiv(head_dim, BLOCK_P) * cdiv(state, BLOCK_N))
+    SsdStatePassing       (batch, heads, cdiv(head_dim * state, BLOCK))
+    SsdBmm                (batch * K, groups, cdiv(Q, BLOCK_M) * cdiv(Q, BLOCK_S))
+    SsdChunkScan          (batch * K, heads, cdiv(Q, BLOCK_M) * cdiv(head_dim, BLOCK_P))
 """
 
 from __future__ import annotations
@@ -52,6 +77,13 @@ from ssmcc.kernels.triton.causal_conv1d import (
 )
 from ssmcc.kernels.triton.rmsnorm_gated import _rmsnorm_gated_kernel
 from ssmcc.kernels.triton.selective_scan import _selective_scan_chunk_scan_kernel
+from ssmcc.kernels.triton.ssd_scan import (
+    _ssd_bmm_kernel,
+    _ssd_chunk_cumsum_kernel,
+    _ssd_chunk_scan_kernel,
+    _ssd_chunk_state_kernel,
+    _ssd_state_passing_kernel,
+)
 from ssmcc.kernels.triton.state_update import _state_update_kernel
 
 SCAN_BLOCK_L = tl.constexpr(configs.SELECTIVE_SCAN_GPU.block_l)  # the scan's positions per tile
@@ -172,53 +204,99 @@ def trt_ssd_state_update_kernel(
 
 
 @triton.jit
-def trt_ssd_scan_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, h0_ptr,
-    length, heads, head_dim, groups, nstate,
-    out_ptr, final_ptr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_Z: tl.constexpr, SOFTPLUS: tl.constexpr,
+def trt_ssd_chunk_cumsum_kernel(
+    dt_ptr, A_ptr, bias_ptr,
+    length, heads,
+    dt_out_ptr, acs_ptr,
+    CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, SOFTPLUS: tl.constexpr,
     DT_MIN: tl.constexpr, DT_MAX: tl.constexpr, CLAMP_MAX: tl.constexpr,
 ):
-    """The SSD recurrence (``ssmcc.ops.ssd_scan``) one position after another: a program owns
-    head ``i`` of batch row ``b`` and ``BLOCK_P`` of its head-dim rows, its (BLOCK_P, n) state in
-    registers::
+    chunks = tl.cdiv(length, CHUNK)
+    _ssd_chunk_cumsum_kernel(
+        dt_ptr, A_ptr, bias_ptr, dt_out_ptr, acs_ptr,
+        length, CHUNK, heads, DT_MIN, DT_MAX,
+        length * heads, heads, 1, heads * chunks * CHUNK, chunks * CHUNK, CHUNK, 1,
+        BLOCK_H, CHUNK, True, SOFTPLUS, CLAMP_MAX,
+    )
 
-        dt_t = clamp(softplus(dt_t + dt_bias[i]), DT_MIN, DT_MAX)
-        h    = exp(dt_t A[i]) h + dt_t x_t[p] B_t[n]
-        out  = (sum_n C_t[n] h[p, n] + D[i, p] x_t[p]) * silu(z_t[p])
 
-    x, z, out (b, l, h, p); dt (b, l, h); B, C (b, l, g, n), head i reading group i // (h / g);
-    D (h, p); initial and final state (b, h, p, n). Not SSD's block decomposition (4 kernels in
-    ``ssd_scan.py``): one launch, parallel over batch x heads x row blocks only."""
-    b = tl.program_id(0)
-    i = tl.program_id(1)
-    p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
-    n = tl.arange(0, BLOCK_N)
-    mask_p = p < head_dim
-    mask_n = n < nstate
-    mask = mask_p[:, None] & mask_n[None, :]
-    g = i // (heads // groups)
-    state_at = (b * heads + i) * head_dim * nstate + p[:, None] * nstate + n[None, :]
-    h = tl.load(h0_ptr + state_at, mask=mask, other=0.0).to(tl.float32)
-    a = tl.load(A_ptr + i).to(tl.float32)
-    bias = tl.load(bias_ptr + i).to(tl.float32)
-    skip = tl.load(D_ptr + i * head_dim + p, mask=mask_p, other=0.0).to(tl.float32)
-    for t in range(0, length):
-        row = ((b * length + t) * heads + i) * head_dim + p
-        x = tl.load(x_ptr + row, mask=mask_p, other=0.0).to(tl.float32)
-        dt = tl.load(dt_ptr + (b * length + t) * heads + i).to(tl.float32) + bias
-        if SOFTPLUS:
-            dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(dt)), dt)
-        dt = tl.maximum(dt, DT_MIN)
-        if CLAMP_MAX:
-            dt = tl.minimum(dt, DT_MAX)
-        group_at = ((b * length + t) * groups + g) * nstate + n
-        Bt = tl.load(B_ptr + group_at, mask=mask_n, other=0.0).to(tl.float32)
-        Ct = tl.load(C_ptr + group_at, mask=mask_n, other=0.0).to(tl.float32)
-        h = tl.exp(dt * a) * h + (dt * x)[:, None] * Bt[None, :]
-        y = tl.sum(h * Ct[None, :], axis=1) + skip * x
-        if HAS_Z:
-            z = tl.load(z_ptr + row, mask=mask_p, other=0.0).to(tl.float32)
-            y = y * z / (1.0 + tl.exp(-z))
-        tl.store(out_ptr + row, y, mask=mask_p)
-    tl.store(final_ptr + state_at, h, mask=mask)
+@triton.jit
+def trt_ssd_chunk_state_kernel(
+    x_ptr, B_ptr, dt_ptr, acs_ptr,
+    length, heads, head_dim, groups, nstate,
+    states_ptr,
+    CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT: tl.constexpr, WIDEN: tl.constexpr,
+):
+    chunks = tl.cdiv(length, CHUNK)
+    state = head_dim * nstate
+    _ssd_chunk_state_kernel(
+        x_ptr, B_ptr, dt_ptr, acs_ptr, states_ptr,
+        length, CHUNK, head_dim, nstate, heads // groups, chunks,
+        length * heads * head_dim, heads * head_dim, head_dim, 1,
+        length * groups * nstate, groups * nstate, nstate, 1,
+        heads * chunks * CHUNK, chunks * CHUNK, CHUNK, 1,
+        chunks * heads * state, heads * state, state, nstate, 1,
+        BLOCK_P, BLOCK_N, BLOCK_K, DOT, WIDEN, "ieee",
+    )
+
+
+@triton.jit
+def trt_ssd_state_passing_kernel(
+    states_ptr, acs_ptr, h0_ptr,
+    chunks, heads, head_dim, nstate,
+    starts_ptr, final_ptr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    state = head_dim * nstate
+    _ssd_state_passing_kernel(
+        states_ptr, acs_ptr, h0_ptr, starts_ptr, final_ptr,
+        state, chunks, CHUNK,
+        chunks * heads * state, heads * state, state,
+        heads * chunks * CHUNK, chunks * CHUNK, CHUNK, 1,
+        heads * state, state, heads * state, state,
+        BLOCK, True,
+    )
+
+
+@triton.jit
+def trt_ssd_bmm_kernel(
+    C_ptr, B_ptr,
+    length, groups, nstate,
+    cb_ptr,
+    CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT: tl.constexpr, WIDEN: tl.constexpr,
+):
+    chunks = tl.cdiv(length, CHUNK)
+    row = groups * nstate
+    _ssd_bmm_kernel(
+        C_ptr, B_ptr, cb_ptr,
+        length, CHUNK, nstate, chunks,
+        length * row, row, nstate, 1, length * row, row, nstate, 1,
+        chunks * groups * CHUNK * CHUNK, groups * CHUNK * CHUNK, CHUNK * CHUNK, CHUNK, 1,
+        BLOCK_M, BLOCK_S, BLOCK_K, DOT, WIDEN, "ieee",
+    )
+
+
+@triton.jit
+def trt_ssd_chunk_scan_kernel(
+    x_ptr, z_ptr, C_ptr, D_ptr, dt_ptr, acs_ptr, starts_ptr, cb_ptr,
+    length, heads, head_dim, groups, nstate,
+    out_ptr,
+    CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_Z: tl.constexpr, DOT: tl.constexpr, WIDEN: tl.constexpr,
+):
+    chunks = tl.cdiv(length, CHUNK)
+    row = heads * head_dim
+    state = head_dim * nstate
+    _ssd_chunk_scan_kernel(
+        x_ptr, z_ptr, C_ptr, D_ptr, dt_ptr, acs_ptr, starts_ptr, cb_ptr, out_ptr,
+        length, CHUNK, head_dim, nstate, heads // groups, chunks,
+        length * row, row, head_dim, 1, length * row, row, head_dim, 1,
+        length * groups * nstate, groups * nstate, nstate, 1, head_dim, 1,
+        heads * chunks * CHUNK, chunks * CHUNK, CHUNK, 1,
+        chunks * heads * state, heads * state, state, nstate, 1,
+        chunks * groups * CHUNK * CHUNK, groups * CHUNK * CHUNK, CHUNK * CHUNK, CHUNK, 1,
+        length * row, row, head_dim, 1,
+        BLOCK_M, BLOCK_P, BLOCK_K, True, HAS_Z, True, DOT, WIDEN, "ieee",
+    )

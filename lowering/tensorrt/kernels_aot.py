@@ -46,8 +46,9 @@ def specialization(op_type: str, attributes: dict, static: dict, input_types: di
     from ssmcc.kernels.triton import plugin_kernels
 
     spec = SPECS[op_type]
-    constexprs = spec.constexprs(attributes, static)
+    constexprs = spec.constexprs(attributes, static, input_types)
     num_warps = constexprs.pop("num_warps")
+    num_stages = constexprs.pop("num_stages", None)
     kinds = {name: input_types[name] for name in spec.inputs}
     kinds.update({name: "i32" for name, _ in spec.extras})
     for name, dtype in zip(spec.outputs, spec.output_dtypes, strict=True):
@@ -65,6 +66,7 @@ def specialization(op_type: str, attributes: dict, static: dict, input_types: di
         constexprs=tuple(constexprs.items()),
         num_warps=num_warps,
         grid=(),
+        num_stages=num_stages,
     )
 
 

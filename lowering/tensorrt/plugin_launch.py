@@ -15,8 +15,14 @@ def concrete_dims(spec: PluginSpec, inputs: dict[str, torch.Tensor]) -> dict[str
     return {name: tuple(inputs[name].shape) for name in spec.inputs}
 
 
-def output_shapes(spec: PluginSpec, dims: dict) -> list[tuple[int, ...]]:
-    return [tuple(int(x) for x in rule(dims)) for rule in spec.output_shapes]
+def output_shapes(spec: PluginSpec, dims: dict, attributes: dict) -> list[tuple[int, ...]]:
+    return [tuple(int(x) for x in rule(dims, INT_OPS, attributes)) for rule in spec.output_shapes]
+
+
+def pointer_types(spec: PluginSpec, inputs: dict[str, torch.Tensor]) -> dict[str, str]:
+    from ssmcc.kernels.triton.aot import POINTER_TYPES
+
+    return {name: POINTER_TYPES[inputs[name].dtype] for name in spec.inputs}
 
 
 def launch_plugin(
@@ -28,16 +34,20 @@ def launch_plugin(
     from ssmcc.kernels.triton.runtime import launch
 
     dims = concrete_dims(spec, inputs)
-    constexprs = spec.constexprs(attributes, static_dims(spec, dims))
+    constexprs = spec.constexprs(attributes, static_dims(spec, dims), pointer_types(spec, inputs))
     meta = dict(constexprs)
     device = next(iter(inputs.values())).device
+    if device.type == "cpu" and meta.get("DOT") == "bf16":  # the interpreter's bf16 tl.dot
+        meta["WIDEN"] = True  # (operands.py): rounded operands kept in float32
     outputs = [
         torch.empty(
             shape,
             dtype=torch.float32 if dtype == FLOAT32 else inputs[dtype].dtype,
             device=device,
         )
-        for shape, dtype in zip(output_shapes(spec, dims), spec.output_dtypes, strict=True)
+        for shape, dtype in zip(
+            output_shapes(spec, dims, attributes), spec.output_dtypes, strict=True
+        )
     ]
     grid = tuple(int(g) for g in spec.grid(dims, INT_OPS, constexprs))
     if 0 in grid:

@@ -82,13 +82,15 @@ def _register(trtp, trt, spec: PluginSpec) -> None:
     count = len(spec.inputs)
     names = [name for name, _ in spec.attributes]
 
-    def describe(*descs, **attributes):
-        inputs = dict(zip(spec.inputs, descs, strict=True))
+    def describe(*args, **keywords):  # attributes positional or by name
+        inputs = dict(zip(spec.inputs, args[:count], strict=True))
+        attributes = {**dict(zip(names, args[count:], strict=False)), **keywords}
         dims = {name: desc.shape_expr for name, desc in inputs.items()}
         made = []
         for rule, dtype in zip(spec.output_shapes, spec.output_dtypes, strict=True):
             kind = trt.float32 if dtype == FLOAT32 else inputs[dtype].dtype
-            made.append(trtp.from_shape_expr(tuple(rule(dims)), dtype=kind))
+            shape = tuple(rule(dims, _ShapeOps(trtp), attributes))
+            made.append(trtp.from_shape_expr(shape, dtype=kind))
         return tuple(made)
 
     describe.__signature__ = inspect.Signature(

@@ -62,12 +62,13 @@ class PluginSpec:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     attributes: tuple[tuple[str, type], ...]  # (name, int or float)
-    output_shapes: tuple[Callable, ...]  # (dims) -> tuple of dims, one per output
+    output_shapes: tuple[Callable, ...]  # (dims, ops, attributes) -> dims, one rule per output
     output_dtypes: tuple[str, ...]  # an input's name (its dtype) or "float32"
     extras: tuple[tuple[str, Callable], ...]  # (name, (dims) -> dim)
     grid: Callable  # (dims, ops, constexprs) -> 3 dims
-    constexprs: Callable  # (attributes, static dims) -> {name: value}
+    constexprs: Callable  # (attributes, static dims, input pointer types) -> {name: value}
     static_dims: tuple[tuple[str, int], ...] = ()  # (input, axis) the constexprs read
+    part_of: str = ""  # the ONNX node this plugin is one of a chain for (``CHAINS``)
 
     @property
     def plugin_id(self) -> str:
@@ -78,7 +79,7 @@ def _recurrence_constexprs(config, block: str, softplus: str) -> Callable:
     """Constants of a Mamba-1 scan or state update: ``block`` channels per program (from the
     GPU ``config``), the state size padded to a power of two, the gate and softplus flags."""
 
-    def constexprs(attributes: dict, static: dict) -> dict:
+    def constexprs(attributes: dict, static: dict, types: dict) -> dict:
         return {
             block: config.block_d,
             "BLOCK_N": _next_power_of_2(static[("A", 1)]),
@@ -101,7 +102,7 @@ def _activation(attributes: dict) -> int:
     return code
 
 
-def _conv_constexprs(attributes: dict, static: dict) -> dict:
+def _conv_constexprs(attributes: dict, static: dict, types: dict) -> dict:
     width = static[("weight", 1)]
     return {
         "WIDTH": width,
@@ -113,7 +114,7 @@ def _conv_constexprs(attributes: dict, static: dict) -> dict:
     }
 
 
-def _conv_update_constexprs(attributes: dict, static: dict) -> dict:
+def _conv_update_constexprs(attributes: dict, static: dict, types: dict) -> dict:
     width = static[("weight", 1)]
     return {
         "WIDTH": width,
@@ -127,7 +128,7 @@ def _ssd_constexprs(block: str, config, head_dim: tuple, state: tuple) -> Callab
     """Constants of a Mamba-2 scan or state update: ``block`` head-dim rows per program, the state
     padded to a power of two, the flags, and the dt limits (no upper clamp when dt_max is inf)."""
 
-    def constexprs(attributes: dict, static: dict) -> dict:
+    def constexprs(attributes: dict, static: dict, types: dict) -> dict:
         dt_max = float(attributes["dt_max"])
         return {
             block: min(config.block_d, _next_power_of_2(static[head_dim])),
@@ -154,7 +155,7 @@ def _leading_product(d):
     return rows
 
 
-def _rmsnorm_constexprs(attributes: dict, static: dict) -> dict:
+def _rmsnorm_constexprs(attributes: dict, static: dict, types: dict) -> dict:
     group = attributes["group_size"]
     return {
         "GROUP": group,
@@ -164,6 +165,247 @@ def _rmsnorm_constexprs(attributes: dict, static: dict) -> dict:
         "NORM_BEFORE_GATE": bool(attributes["norm_before_gate"]),
         "num_warps": 4 if group >= 1024 else 1,
     }
+
+
+# ---- SsdScan as a chain of plugins (``ssd_chain.py``): SSD's five kernels, one per node -------
+
+
+def _chunk(attributes: dict) -> int:
+    """The chain's chunk length Q (the node's ``chunk`` attribute): a power of two >= 16, as
+    ``tl.arange`` and ``tl.dot`` need."""
+    chunk = int(attributes["chunk"])
+    if chunk < 16 or chunk & (chunk - 1):
+        raise LoweringError(
+            f"an SSD plugin's chunk attribute is {chunk}; it must be a power of two >= 16"
+        )
+    return chunk
+
+
+def _dot(types: dict, *names: str) -> str:
+    """The products' dtype: the 16-bit dtype the operands ``names`` share, else float32 (IEEE:
+    the TensorRT target has no TF32 option)."""
+    kinds = {types[name] for name in names}
+    return kinds.pop()[1:] if len(kinds) == 1 and kinds <= {"*fp16", "*bf16"} else "fp32"
+
+
+def _tile(cap: int, size: int) -> int:
+    """A dot's block over a dim of ``size`` (``ssd_scan._block``: 16 <= block <= cap)."""
+    return max(16, min(cap, _next_power_of_2(size)))
+
+
+# The 16-bit products' k block. The plugins' PTX is built with no alignment or divisibility
+# hints on pointers and sizes (TensorRT gives none; the triton target's JIT builds have them), and
+# there the triton target's k 64 spills: ptxas -v (triton 3.9, sm_90, mamba2-130m shapes, chunk
+# 256) for chunk_scan 255 registers and 92 B spilled at k 64, 12 B at k 32, none at 16 (147
+# registers; still wgmma m64n64k16 on sm_90, mma.sync m16n8k16 on sm_80).
+PLUGIN_16BIT_BLOCK_K = 16
+
+
+def _k_block(tile: configs.DotTile, dot: str, size: int) -> int:
+    """The k block: capped for float32 operands (Triton's FMA dot), as ``ssd_scan`` does, and
+    for 16-bit ones at ``PLUGIN_16BIT_BLOCK_K``."""
+    cap = SSD.fma_block_k if dot == "fp32" else PLUGIN_16BIT_BLOCK_K
+    return _tile(min(tile.block_k, cap), size)
+
+
+def _stages(tile: configs.DotTile, dot: str) -> dict:
+    """Warps and pipeline stages of a product kernel (``ssd_scan``'s: one stage for the FMA dot,
+    which spills with more)."""
+    stages = SSD.fma_stages if dot == "fp32" else tile.num_stages
+    return {"num_warps": tile.num_warps, "num_stages": stages}
+
+
+SSD = configs.SSD_GPU
+
+
+def _cumsum_constexprs(attributes: dict, static: dict, types: dict) -> dict:
+    dt_max = float(attributes["dt_max"])
+    return {
+        "CHUNK": _chunk(attributes),
+        "BLOCK_H": SSD.cumsum_heads,
+        "SOFTPLUS": bool(attributes["dt_softplus"]),
+        "DT_MIN": float(attributes["dt_min"]),
+        "DT_MAX": dt_max if math.isfinite(dt_max) else 0.0,
+        "CLAMP_MAX": math.isfinite(dt_max),
+        "num_warps": SSD.num_warps,
+    }
+
+
+def _chunk_state_constexprs(attributes: dict, static: dict, types: dict) -> dict:
+    chunk, dot, tile = _chunk(attributes), _dot(types, "x", "B"), SSD.chunk_state
+    return {
+        "CHUNK": chunk,
+        "BLOCK_P": _tile(tile.block_m, static[("x", 3)]),
+        "BLOCK_N": _tile(tile.block_n, static[("B", 3)]),
+        "BLOCK_K": _k_block(tile, dot, chunk),
+        "DOT": dot,
+        "WIDEN": False,
+        **_stages(tile, dot),
+    }
+
+
+def _state_passing_constexprs(attributes: dict, static: dict, types: dict) -> dict:
+    size = static[("initial_state", 2)] * static[("initial_state", 3)]
+    return {
+        "CHUNK": _chunk(attributes),
+        "BLOCK": min(SSD.passing_block, _next_power_of_2(size)),
+        "num_warps": SSD.num_warps,
+    }
+
+
+def _bmm_constexprs(attributes: dict, static: dict, types: dict) -> dict:
+    chunk, dot, tile = _chunk(attributes), _dot(types, "C", "B"), SSD.bmm
+    return {
+        "CHUNK": chunk,
+        "BLOCK_M": _tile(tile.block_m, chunk),
+        "BLOCK_S": _tile(tile.block_n, chunk),
+        "BLOCK_K": _k_block(tile, dot, static[("B", 3)]),
+        "DOT": dot,
+        "WIDEN": False,
+        **_stages(tile, dot),
+    }
+
+
+def _chunk_scan_constexprs(attributes: dict, static: dict, types: dict) -> dict:
+    chunk, dot, tile = _chunk(attributes), _dot(types, "x", "C"), SSD.chunk_scan
+    return {
+        "CHUNK": chunk,
+        "BLOCK_M": _tile(tile.block_m, chunk),
+        "BLOCK_P": _tile(tile.block_n, static[("x", 3)]),
+        "BLOCK_K": _k_block(tile, dot, chunk),
+        "HAS_Z": bool(attributes["has_z"]),
+        "DOT": dot,
+        "WIDEN": False,
+        **_stages(tile, dot),
+    }
+
+
+def _chunks(ops, d, name: str, a: dict):
+    """K = cdiv(l, Q) for a (b, l, ...) input."""
+    return ops.cdiv(d[name][1], a["chunk"])
+
+
+_DT_FLOATS = (("dt_softplus", int), ("dt_min", float), ("dt_max", float))
+_PER_CHUNK = (
+    ("length", lambda d: d["x"][1]),
+    ("heads", lambda d: d["x"][2]),
+    ("head_dim", lambda d: d["x"][3]),
+)
+
+SSD_CHAIN_SPECS = (
+    PluginSpec(
+        op="ssd_scan",
+        op_type="SsdChunkCumsum",
+        kernel="trt_ssd_chunk_cumsum_kernel",
+        inputs=("dt", "A", "dt_bias"),
+        outputs=("dt_chunks", "dA_cumsum"),
+        attributes=(*_DT_FLOATS, ("chunk", int)),
+        output_shapes=(
+            lambda d, ops, a: (d["dt"][0], d["dt"][2], _chunks(ops, d, "dt", a), a["chunk"]),
+        ) * 2,
+        output_dtypes=(FLOAT32, FLOAT32),
+        extras=(("length", lambda d: d["dt"][1]), ("heads", lambda d: d["dt"][2])),
+        grid=lambda d, ops, c: (
+            d["dt"][0], ops.cdiv(d["dt"][1], c["CHUNK"]), ops.cdiv(d["dt"][2], c["BLOCK_H"])
+        ),
+        constexprs=_cumsum_constexprs,
+        part_of="SsdScan",
+    ),
+    PluginSpec(
+        op="ssd_scan",
+        op_type="SsdChunkState",
+        kernel="trt_ssd_chunk_state_kernel",
+        inputs=("x", "B", "dt_chunks", "dA_cumsum"),
+        outputs=("chunk_states",),
+        attributes=(("chunk", int),),
+        output_shapes=(
+            lambda d, ops, a: (
+                d["x"][0], _chunks(ops, d, "x", a), d["x"][2], d["x"][3], d["B"][3]
+            ),
+        ),
+        output_dtypes=(FLOAT32,),
+        extras=(*_PER_CHUNK, ("groups", lambda d: d["B"][2]), ("nstate", lambda d: d["B"][3])),
+        grid=lambda d, ops, c: (
+            d["x"][0] * ops.cdiv(d["x"][1], c["CHUNK"]),
+            d["x"][2],
+            ops.cdiv(d["x"][3], c["BLOCK_P"]) * ops.cdiv(d["B"][3], c["BLOCK_N"]),
+        ),
+        constexprs=_chunk_state_constexprs,
+        static_dims=(("x", 3), ("B", 3)),
+        part_of="SsdScan",
+    ),
+    PluginSpec(
+        op="ssd_scan",
+        op_type="SsdStatePassing",
+        kernel="trt_ssd_state_passing_kernel",
+        inputs=("chunk_states", "dA_cumsum", "initial_state"),
+        outputs=("chunk_starts", "final_state"),
+        attributes=(("chunk", int),),
+        output_shapes=(
+            lambda d, ops, a: tuple(d["chunk_states"]),
+            lambda d, ops, a: tuple(d["initial_state"]),
+        ),
+        output_dtypes=(FLOAT32, FLOAT32),
+        extras=tuple(
+            (name, lambda d, axis=axis: d["chunk_states"][axis])
+            for name, axis in (("chunks", 1), ("heads", 2), ("head_dim", 3), ("nstate", 4))
+        ),
+        grid=lambda d, ops, c: (
+            d["initial_state"][0],
+            d["initial_state"][1],
+            ops.cdiv(d["initial_state"][2] * d["initial_state"][3], c["BLOCK"]),
+        ),
+        constexprs=_state_passing_constexprs,
+        static_dims=(("initial_state", 2), ("initial_state", 3)),
+        part_of="SsdScan",
+    ),
+    PluginSpec(
+        op="ssd_scan",
+        op_type="SsdBmm",
+        kernel="trt_ssd_bmm_kernel",
+        inputs=("C", "B"),
+        outputs=("CB",),
+        attributes=(("chunk", int),),
+        output_shapes=(
+            lambda d, ops, a: (
+                d["C"][0], _chunks(ops, d, "C", a), d["C"][2], a["chunk"], a["chunk"]
+            ),
+        ),
+        output_dtypes=(FLOAT32,),
+        extras=(
+            ("length", lambda d: d["C"][1]),
+            ("groups", lambda d: d["C"][2]),
+            ("nstate", lambda d: d["C"][3]),
+        ),
+        grid=lambda d, ops, c: (
+            d["C"][0] * ops.cdiv(d["C"][1], c["CHUNK"]),
+            d["C"][2],
+            ops.cdiv(c["CHUNK"], c["BLOCK_M"]) * ops.cdiv(c["CHUNK"], c["BLOCK_S"]),
+        ),
+        constexprs=_bmm_constexprs,
+        static_dims=(("B", 3),),
+        part_of="SsdScan",
+    ),
+    PluginSpec(
+        op="ssd_scan",
+        op_type="SsdChunkScan",
+        kernel="trt_ssd_chunk_scan_kernel",
+        inputs=("x", "z", "C", "D", "dt_chunks", "dA_cumsum", "chunk_starts", "CB"),
+        outputs=("out",),
+        attributes=(("has_z", int), ("chunk", int)),
+        output_shapes=(lambda d, ops, a: tuple(d["x"]),),
+        output_dtypes=("x",),
+        extras=(*_PER_CHUNK, ("groups", lambda d: d["C"][2]), ("nstate", lambda d: d["C"][3])),
+        grid=lambda d, ops, c: (
+            d["x"][0] * ops.cdiv(d["x"][1], c["CHUNK"]),
+            d["x"][2],
+            ops.cdiv(c["CHUNK"], c["BLOCK_M"]) * ops.cdiv(d["x"][3], c["BLOCK_P"]),
+        ),
+        constexprs=_chunk_scan_constexprs,
+        static_dims=(("x", 3),),
+        part_of="SsdScan",
+    ),
+)
 
 
 SPECS: dict[str, PluginSpec] = {
@@ -177,8 +419,8 @@ SPECS: dict[str, PluginSpec] = {
             outputs=("out", "last_state"),
             attributes=(("delta_softplus", int), ("has_z", int)),
             output_shapes=(
-                lambda d: (d["u"][0], d["u"][1], d["u"][2]),
-                lambda d: (d["u"][0], d["u"][1], d["A"][1]),
+                lambda d, ops, a: (d["u"][0], d["u"][1], d["u"][2]),
+                lambda d, ops, a: (d["u"][0], d["u"][1], d["A"][1]),
             ),
             output_dtypes=("u", FLOAT32),
             extras=(
@@ -201,8 +443,8 @@ SPECS: dict[str, PluginSpec] = {
             outputs=("out", "final_state"),
             attributes=(("activation", int),),
             output_shapes=(
-                lambda d: (d["x"][0], d["x"][1], d["x"][2]),
-                lambda d: (d["x"][0], d["x"][1], d["initial_state"][2]),
+                lambda d, ops, a: (d["x"][0], d["x"][1], d["x"][2]),
+                lambda d, ops, a: (d["x"][0], d["x"][1], d["initial_state"][2]),
             ),
             output_dtypes=("x", FLOAT32),
             extras=(("dim", lambda d: d["x"][1]), ("length", lambda d: d["x"][2])),
@@ -222,8 +464,8 @@ SPECS: dict[str, PluginSpec] = {
             outputs=("out", "new_state"),
             attributes=(("dt_softplus", int), ("has_z", int)),
             output_shapes=(
-                lambda d: (d["x"][0], d["x"][1]),
-                lambda d: (d["state"][0], d["state"][1], d["state"][2]),
+                lambda d, ops, a: (d["x"][0], d["x"][1]),
+                lambda d, ops, a: (d["state"][0], d["state"][1], d["state"][2]),
             ),
             output_dtypes=("x", FLOAT32),
             extras=(
@@ -243,8 +485,8 @@ SPECS: dict[str, PluginSpec] = {
             outputs=("out", "new_state"),
             attributes=(("activation", int),),
             output_shapes=(
-                lambda d: (d["x"][0], d["x"][1]),
-                lambda d: (d["conv_state"][0], d["conv_state"][1], d["conv_state"][2]),
+                lambda d, ops, a: (d["x"][0], d["x"][1]),
+                lambda d, ops, a: (d["conv_state"][0], d["conv_state"][1], d["conv_state"][2]),
             ),
             output_dtypes=("x", FLOAT32),
             extras=(("dim", lambda d: d["x"][1]),),
@@ -264,34 +506,11 @@ SPECS: dict[str, PluginSpec] = {
                 ("norm_before_gate", int),
                 ("has_z", int),
             ),
-            output_shapes=(lambda d: tuple(d["x"]),),
+            output_shapes=(lambda d, ops, a: tuple(d["x"]),),
             output_dtypes=("x",),
             extras=(("rows", _leading_product), ("dim", lambda d: d["weight"][0])),
             grid=lambda d, ops, c: (_leading_product(d), d["weight"][0] // c["GROUP"], 1),
             constexprs=_rmsnorm_constexprs,
-        ),
-        PluginSpec(
-            op="ssd_scan",
-            op_type="SsdScan",
-            kernel="trt_ssd_scan_kernel",
-            inputs=("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_state"),
-            outputs=("out", "final_state"),
-            attributes=_SSD_ATTRIBUTES,
-            output_shapes=(
-                lambda d: (d["x"][0], d["x"][1], d["x"][2], d["x"][3]),
-                lambda d: (d["x"][0], d["x"][2], d["x"][3], d["B"][3]),
-            ),
-            output_dtypes=("x", FLOAT32),
-            extras=(
-                ("length", lambda d: d["x"][1]),
-                ("heads", lambda d: d["x"][2]),
-                ("head_dim", lambda d: d["x"][3]),
-                ("groups", lambda d: d["B"][2]),
-                ("nstate", lambda d: d["B"][3]),
-            ),
-            grid=lambda d, ops, c: (d["x"][0], d["x"][2], ops.cdiv(d["x"][3], c["BLOCK_P"])),
-            constexprs=_ssd_constexprs("BLOCK_P", configs.STATE_UPDATE_GPU, ("x", 3), ("B", 3)),
-            static_dims=(("x", 3), ("B", 3)),
         ),
         PluginSpec(
             op="ssd_state_update",
@@ -301,8 +520,8 @@ SPECS: dict[str, PluginSpec] = {
             outputs=("out", "new_state"),
             attributes=_SSD_ATTRIBUTES,
             output_shapes=(
-                lambda d: (d["x"][0], d["x"][1], d["x"][2]),
-                lambda d: (d["state"][0], d["state"][1], d["state"][2], d["state"][3]),
+                lambda d, ops, a: (d["x"][0], d["x"][1], d["x"][2]),
+                lambda d, ops, a: (d["state"][0], d["state"][1], d["state"][2], d["state"][3]),
             ),
             output_dtypes=("x", FLOAT32),
             extras=(
@@ -318,7 +537,14 @@ SPECS: dict[str, PluginSpec] = {
     )
 }
 
-OP_TYPES = {spec.op: spec.op_type for spec in SPECS.values()}
+SPECS.update((spec.op_type, spec) for spec in SSD_CHAIN_SPECS)
+
+# the ONNX node a chain of plugins replaces -> the chain's plugins, in order (``ssd_chain.py``)
+CHAINS = {"SsdScan": tuple(spec.op_type for spec in SSD_CHAIN_SPECS)}
+# each op -> the plugins that compute it (one, or a chain)
+OP_PLUGINS: dict[str, tuple[str, ...]] = {}
+for _spec in SPECS.values():
+    OP_PLUGINS[_spec.op] = (*OP_PLUGINS.get(_spec.op, ()), _spec.op_type)
 
 
 def static_dims(spec: PluginSpec, shapes: dict) -> dict:

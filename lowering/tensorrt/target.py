@@ -40,7 +40,7 @@ from ssmcc.errors import ArtifactError, LoweringError, OptionError
 from ssmcc.lowering.onnx import target as onnx_target
 from ssmcc.lowering.tensorrt.graphs import bind_plugins
 from ssmcc.lowering.tensorrt.kernels_aot import KERNELS_FILE, build_plugin_kernels
-from ssmcc.lowering.tensorrt.specs import NAMESPACE, OP_TYPES, PLUGIN_VERSION
+from ssmcc.lowering.tensorrt.specs import NAMESPACE, OP_PLUGINS, PLUGIN_VERSION
 from ssmcc.ops import SSMCC_OPS
 from ssmcc.ops.contracts import StateSpec
 from ssmcc.passes.program_set import ProgramSet
@@ -283,16 +283,17 @@ STANDARD_OPS = {
 
 def native_ops() -> dict[str, str]:
     plugins = {
-        op: f"TensorRT plugin {NAMESPACE}::{op_type} (kernels/triton/plugin_kernels.py, AOT "
-        "PTX; never run on a real TensorRT)"
-        for op, op_type in OP_TYPES.items()
+        op: ("TensorRT plugin " if len(op_types) == 1 else "TensorRT plugins ")
+        + " -> ".join(f"{NAMESPACE}::{op_type}" for op_type in op_types)
+        + " (kernels/triton/plugin_kernels.py, AOT PTX; never run on a real TensorRT)"
+        for op, op_types in OP_PLUGINS.items()
     }
     return {**plugins, **STANDARD_OPS}
 
 
 def unsupported_ops() -> dict[str, str]:
     return {
-        op: "no TensorRT plugin yet (plugins: " + ", ".join(sorted(OP_TYPES.values())) + ")"
+        op: "no TensorRT plugin yet (plugins for: " + ", ".join(sorted(OP_PLUGINS)) + ")"
         for op in SSMCC_OPS
-        if op not in OP_TYPES and op not in STANDARD_OPS
+        if op not in OP_PLUGINS and op not in STANDARD_OPS
     }
