@@ -7,9 +7,12 @@ absent) followed by the new ones, for each channel c::
     out_t[c]  = act( sum_{j<k} weight[c, j] xs[c, t + j] + bias[c] )   act: activations.py's
     state'    = the last k-1 entries of xs
 
-Sequence form: a program computes ``block_d`` channels x ``block_l`` positions; tap j of output t
-reads position ``t + j - (k-1)`` of x, or of the state where that is negative. A second kernel
-writes the final state. Step form: one program per (batch, channel block) reads the state and the
+Sequence form: a program computes ``block_d`` channels x ``block_l`` positions (grid (batch,
+cdiv(d, BLOCK_D), cdiv(l, BLOCK_L))); tap j of output t reads position ``t + j - (k-1)`` of x,
+or of the state where that is negative: only the programs of the first positions load the state
+(its taps added after x's), so the others hold one tile of loads per tap. (64, 32) tiles at 4
+warps: at 64 positions the taps' loads spill registers at sm_90. A second kernel writes the
+final state. Step form: one program per (batch, channel block) reads the state and the
 new input once and writes the output and the shifted state.
 """
 
@@ -38,19 +41,21 @@ def _causal_conv1d_kernel(
     mask_d = d < dim
     mask = mask_d[:, None] & (t[None, :] < length)
     acc = tl.zeros((BLOCK_D, BLOCK_L), dtype=tl.float32)
+    x_rows = x_ptr + b * s_xb + d[:, None] * s_xd
     for j in tl.static_range(WIDTH):
         w = tl.load(w_ptr + d * s_wd + j * s_wk, mask=mask_d, other=0.0).to(tl.float32)
         src = t + (j - (WIDTH - 1))
-        from_x = mask & (src[None, :] >= 0)
-        v = tl.load(x_ptr + b * s_xb + d[:, None] * s_xd + src[None, :] * s_xl, mask=from_x,
-                    other=0.0).to(tl.float32)
-        if HAS_STATE:
-            from_state = mask & (src[None, :] < 0)
-            v += tl.load(
-                state_ptr + b * s_sb + d[:, None] * s_sd + (src[None, :] + WIDTH - 1) * s_sk,
-                mask=from_state, other=0.0,
-            ).to(tl.float32)
-        acc += w[:, None] * v
+        v = tl.load(x_rows + src[None, :] * s_xl, mask=mask & (src[None, :] >= 0), other=0.0)
+        acc += w[:, None] * v.to(tl.float32)
+    if HAS_STATE:
+        if tl.program_id(2) == 0:  # only the first k-1 positions reach back into the state
+            s_rows = state_ptr + b * s_sb + d[:, None] * s_sd
+            for j in tl.static_range(WIDTH - 1):
+                w_s = tl.load(w_ptr + d * s_wd + j * s_wk, mask=mask_d, other=0.0)
+                back = t + (j - (WIDTH - 1))
+                v_s = tl.load(s_rows + (back[None, :] + WIDTH - 1) * s_sk,
+                              mask=mask & (back[None, :] < 0), other=0.0)
+                acc += w_s.to(tl.float32)[:, None] * v_s.to(tl.float32)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + d, mask=mask_d, other=0.0).to(tl.float32)[:, None]
     acc = activations.activate(acc, ACTIVATION)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 
 @dataclasses.dataclass(frozen=True)
 class ScanConfig:
@@ -51,7 +53,7 @@ DEFAULT_SMS = 132
 STATE_UPDATE_GPU = ScanConfig(block_d=16, chunk=1, num_warps=4)
 STATE_UPDATE_CPU = ScanConfig(block_d=64, chunk=1, num_warps=1)
 # Causal conv: (block_d channels) x (chunk positions) per program.
-CONV_GPU = ScanConfig(block_d=64, chunk=64, num_warps=4)
+CONV_GPU = ScanConfig(block_d=64, chunk=32, num_warps=4)
 CONV_CPU = ScanConfig(block_d=64, chunk=64, num_warps=1)
 
 
@@ -137,8 +139,10 @@ SSD_CPU = SsdConfig(
     passing_block=1 << 16,
     num_warps=1,
 )
-# Matrix products (x @ W^T): tile sizes.
+# Matrix products (x @ W^T): tile sizes, by the dot's operands (16-bit: tensor cores; float32:
+# IEEE FMAs with their operands in registers, where 32 inputs a step spill at sm_90).
 MATMUL_GPU = dict(block_m=64, block_n=64, block_k=32, num_warps=4)
+MATMUL_F32_GPU = dict(block_m=64, block_n=64, block_k=16, num_warps=8)
 MATMUL_CPU = dict(block_m=16, block_n=64, block_k=64, num_warps=1)
 # Attention: query rows and key columns per tile.
 ATTENTION_GPU = dict(block_m=64, block_n=64, num_warps=4)
@@ -173,6 +177,20 @@ def ssd_config(device) -> SsdConfig:
     records), ``SSD_CPU`` in the interpreter. ``SSD_GPU``'s note says why one set serves
     sm_80..sm_90."""
     return pick(device, SSD_GPU, SSD_CPU)
+
+
+def dot16(device, *dtypes) -> bool:
+    """Whether ``tl.dot`` takes 16-bit operands (tensor cores, float32 accumulation) for inputs of
+    ``dtypes``: all float16, or all bfloat16 (int8 weights, exact in both, go with either).
+    Anything else multiplies in IEEE float32. The interpreter (numpy) has no bfloat16 product,
+    so there bfloat16 is widened to float32, the values the same, the rounding of a 16-bit
+    operand (attention's softmax weights, the experts' activations) not modelled."""
+    wide = [d for d in dtypes if d != torch.int8]
+    if not wide or wide.count(wide[0]) != len(wide):
+        return False
+    if wide[0] == torch.bfloat16:
+        return device.type == "cuda" or RECORDING_FOR_GPU
+    return wide[0] == torch.float16
 
 
 def rows_block(rows: int, block: int) -> int:
