@@ -243,12 +243,14 @@ def test_interpreted_runs_leave_triton_as_they_found_it(tmp_path):
     before = [(owner, dict(vars(owner))) for owner in runtime._language_namespaces()]
     q = torch.randn(1, 4, 5, 16)
     k = torch.randn(1, 2, 5, 16)
+    long_q, long_k = torch.randn(1, 4, 20, 16), torch.randn(1, 2, 20, 16)
     weight, scale = quantize_weight(torch.randn(24, 64), "int8-g32")
     hidden, index = torch.randn(3, 64), torch.tensor([[0, 1], [1, 0], [2, 1]])
     up, down = torch.randn(3, 64, 64), torch.randn(3, 64, 32)
 
     def run_all():
-        TRITON_KERNELS["attention"](q, k, k, 0.25, k, k)
+        TRITON_KERNELS["attention"](q, k, k, 0.25, k, k)  # decode: split keys
+        TRITON_KERNELS["attention"](long_q, long_k, long_k, 0.25)  # prefill
         TRITON_KERNELS["moe_experts"](hidden, index, torch.rand(3, 2), up, down, "gelu", True)
         TRITON_KERNELS["quantized_linear"](torch.randn(3, 64), weight, scale)
         TRITON_KERNELS["quantized_embedding"](torch.tensor([[1, 2]]), weight, scale)
@@ -268,6 +270,8 @@ def test_interpreted_runs_leave_triton_as_they_found_it(tmp_path):
     kernels = {s.kernel for s in specs.values()}
     assert {
         "_attention_kernel",
+        "_attention_split_kernel",
+        "_attention_combine_kernel",
         "_moe_up_kernel",
         "_embedding_kernel",
         "_positions_kernel",

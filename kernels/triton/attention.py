@@ -7,12 +7,41 @@ along positions (p cached, l new); query row i of head q (absolute position p + 
     s_ij   = scale <query[q, i], K[j]>        for j <= p + i
     out[q, i] = sum_j softmax_j(s_i) V[j]     (float32, rounded once to the query's dtype)
 
-``keys``/``values`` (the caches after the call) are written first by a copy kernel; the attention
-kernel then reads them. It is the flash-attention loop: a program holds ``block_m`` query rows,
-walks the visible keys ``block_n`` at a time and keeps a running maximum ``m``, normaliser ``l``
-and weighted sum, so the (l, p + l) score matrix is never stored::
+``keys``/``values`` (the caches after the call) are written first by a copy kernel
+(``_append_cache_kernel``, grid (batch, kv_heads, cdiv(p + l, BLOCK_T)): (BLOCK_T, head_dim)
+tiles, contiguous along the head dim); the attention kernels then read them. Both paths keep a
+running maximum ``m``, normaliser ``n`` and weighted sum over ``BLOCK_N`` keys at a time, so no
+score matrix is stored::
 
-    m' = max(m, max_j s_ij);  l' = l e^(m - m') + sum_j e^(s_ij - m');  acc' = acc e^(m - m') + P V
+    m' = max(m, max_j s_ij);  n' = n e^(m - m') + sum_j e^(s_ij - m');  acc' = acc e^(m - m') + P V
+
+Prefill (l > ``DECODE_QUERIES``): flash attention, grid (batch * heads, cdiv(l, BLOCK_M)); a
+program holds ``BLOCK_M`` query rows of one head and walks the keys it can see (K and V tiles
+read once per program, contiguous along the head dim).
+
+Decode (l <= ``DECODE_QUERIES``: one position, or a few of a chunk or a draft): flash-decoding.
+One query position gives one program per head and a key loop as long as the cache, so batch 1
+would run a dozen programs on a 132-SM GPU. The keys are split instead: ``_attention_split_kernel``
+(grid (batch * kv_heads * cdiv(h/g * l, BLOCK_M), cdiv(p + l, split_len))) takes the h/g * l
+query rows that share one K/V head (GQA: row r is head ``g h/g + r // l``, position ``r % l``) and
+one span of ``split_len`` keys, so each K/V tile is read once for its whole group, and writes its
+float32 partial ``(m, n, acc)`` per query row and split; ``_attention_combine_kernel`` (grid
+(batch * heads, l)) merges a row's splits in order::
+
+    M = max_s m_s;   out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) n_s
+
+``split_len`` (a run-time argument, whole ``BLOCK_N`` blocks, at least ``split`` keys) is chosen
+so that the launch has about ``programs`` programs (two per SM of an H100): batch 1 with a long
+cache fills the GPU, a large batch keeps whole caches per program. A split a row cannot see any
+of (causality, l > 1) leaves ``m = -inf, n = 0`` and weighs nothing. The partials are
+(batch, heads, l, splits) and (batch, heads, l, splits, e) float32, contiguous.
+
+Products: ``tl.dot`` with float32 accumulation. With 16-bit query, keys and values (``DOT16``) the
+operands stay 16-bit (tensor cores): the scores are exact products summed in float32, and the
+softmax weights are rounded to the values' dtype for ``P V`` (flash attention's choice: a relative
+error of 2^-9 (bf16) / 2^-12 (fp16) per weight, inside those dtypes' tolerances). float32 inputs
+use IEEE float32 products (no TF32), as the reference. The interpreter has no bfloat16 products:
+there bfloat16 is widened to float32 (``configs.dot16``).
 """
 
 from __future__ import annotations
@@ -23,6 +52,8 @@ import triton.language as tl
 
 from ssmcc.kernels.triton import configs
 from ssmcc.kernels.triton.runtime import launch, next_power_of_2
+
+DECODE_QUERIES = 16  # query positions a call may have and still take the split-key path
 
 
 @triton.jit
@@ -54,6 +85,7 @@ def _attention_kernel(
     s_qb, s_qh, s_ql, s_qd, s_kb, s_kg, s_kt, s_kd, s_vb, s_vg, s_vt, s_ve,
     s_ob, s_oh, s_ol, s_oe,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+    DOT16: tl.constexpr,
 ):
     b = tl.program_id(0) // heads
     h = tl.program_id(0) % heads
@@ -63,7 +95,9 @@ def _attention_kernel(
     e = tl.arange(0, BLOCK_E)
     mask_i = i < length
     q = tl.load(q_ptr + b * s_qb + h * s_qh + i[:, None] * s_ql + d[None, :] * s_qd,
-                mask=mask_i[:, None] & (d[None, :] < head_dim), other=0.0).to(tl.float32)
+                mask=mask_i[:, None] & (d[None, :] < head_dim), other=0.0)
+    if not DOT16:
+        q = q.to(tl.float32)
     m = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     norm = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
@@ -72,9 +106,10 @@ def _attention_kernel(
         j = j0 + tl.arange(0, BLOCK_N)
         kT = tl.load(k_ptr + b * s_kb + g * s_kg + j[None, :] * s_kt + d[:, None] * s_kd,
                      mask=(j[None, :] < visible) & (d[:, None] < head_dim), other=0.0)
-        s = tl.dot(q, kT.to(tl.float32), input_precision="ieee") * scale
-        seen = (j[None, :] <= past + i[:, None]) & mask_i[:, None]
-        s = tl.where(seen, s, float("-inf"))
+        if not DOT16:
+            kT = kT.to(tl.float32)
+        s = tl.dot(q, kT, input_precision="ieee") * scale
+        s = tl.where((j[None, :] <= past + i[:, None]) & mask_i[:, None], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet
         p = tl.exp(s - m_safe[:, None])
@@ -82,11 +117,103 @@ def _attention_kernel(
         norm = norm * rescale + tl.sum(p, axis=1)
         v = tl.load(v_ptr + b * s_vb + g * s_vg + j[:, None] * s_vt + e[None, :] * s_ve,
                     mask=(j[:, None] < visible) & (e[None, :] < value_dim), other=0.0)
-        acc = acc * rescale[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        if DOT16:
+            pv = tl.dot(p.to(v.dtype), v)
+        else:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        acc = acc * rescale[:, None] + pv
         m = m_new
     acc = acc / tl.where(norm == 0.0, 1.0, norm)[:, None]  # rows past the end saw nothing
     tl.store(out_ptr + b * s_ob + h * s_oh + i[:, None] * s_ol + e[None, :] * s_oe, acc,
              mask=mask_i[:, None] & (e[None, :] < value_dim))
+
+
+@triton.jit
+def _attention_split_kernel(
+    q_ptr, k_ptr, v_ptr, m_ptr, n_ptr, acc_ptr,
+    heads, heads_per_kv, length, past, head_dim, value_dim, split_len, splits, scale,
+    s_qb, s_qh, s_ql, s_qd, s_kb, s_kg, s_kt, s_kd, s_vb, s_vg, s_vt, s_ve,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+    DOT16: tl.constexpr,
+):
+    rows = heads_per_kv * length  # query rows sharing one K/V head
+    row_blocks = tl.cdiv(rows, BLOCK_M)
+    kv_heads = heads // heads_per_kv
+    lane = tl.program_id(0)
+    b = lane // (kv_heads * row_blocks)
+    g = (lane // row_blocks) % kv_heads
+    r = (lane % row_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    real = r < rows
+    h = g * heads_per_kv + r // length  # query head of row r
+    i = r % length  # its position among the new ones (absolute: past + i)
+    split = tl.program_id(1)
+    start = split * split_len
+    end = tl.minimum(start + split_len, past + length)
+    d = tl.arange(0, BLOCK_D)
+    e = tl.arange(0, BLOCK_E)
+    q = tl.load(q_ptr + b * s_qb + h[:, None] * s_qh + i[:, None] * s_ql + d[None, :] * s_qd,
+                mask=real[:, None] & (d[None, :] < head_dim), other=0.0)
+    if not DOT16:
+        q = q.to(tl.float32)
+    m = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    norm = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
+    for j0 in range(start, end, BLOCK_N):
+        j = j0 + tl.arange(0, BLOCK_N)
+        kT = tl.load(k_ptr + b * s_kb + g * s_kg + j[None, :] * s_kt + d[:, None] * s_kd,
+                     mask=(j[None, :] < end) & (d[:, None] < head_dim), other=0.0)
+        if not DOT16:
+            kT = kT.to(tl.float32)
+        s = tl.dot(q, kT, input_precision="ieee") * scale
+        s = tl.where((j[None, :] <= past + i[:, None]) & (j[None, :] < end), s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet
+        p = tl.exp(s - m_safe[:, None])
+        rescale = tl.exp(m - m_safe)
+        norm = norm * rescale + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + b * s_vb + g * s_vg + j[:, None] * s_vt + e[None, :] * s_ve,
+                    mask=(j[:, None] < end) & (e[None, :] < value_dim), other=0.0)
+        if DOT16:
+            pv = tl.dot(p.to(v.dtype), v)
+        else:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        acc = acc * rescale[:, None] + pv
+        m = m_new
+    at = ((b * heads + h) * length + i) * splits + split  # (b, h, i, split) of the partials
+    tl.store(m_ptr + at, m, mask=real)
+    tl.store(n_ptr + at, norm, mask=real)
+    tl.store(acc_ptr + at[:, None] * value_dim + e[None, :], acc,
+             mask=real[:, None] & (e[None, :] < value_dim))
+
+
+@triton.jit
+def _attention_combine_kernel(
+    m_ptr, n_ptr, acc_ptr, out_ptr,
+    heads, length, value_dim, splits,
+    s_ob, s_oh, s_ol, s_oe,
+    BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
+):
+    b = tl.program_id(0) // heads
+    h = tl.program_id(0) % heads
+    i = tl.program_id(1)
+    row = (tl.program_id(0) * length + i) * splits  # first split of (b, h, i)
+    e = tl.arange(0, BLOCK_E)
+    best = float("-inf")
+    norm = 0.0
+    acc = tl.zeros((BLOCK_E,), dtype=tl.float32)
+    for s0 in range(0, splits, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        m = tl.load(m_ptr + row + s, mask=s < splits, other=float("-inf"))
+        n = tl.load(n_ptr + row + s, mask=s < splits, other=0.0)
+        part = tl.load(acc_ptr + (row + s[:, None]) * value_dim + e[None, :],
+                       mask=(s[:, None] < splits) & (e[None, :] < value_dim), other=0.0)
+        best_new = tl.maximum(best, tl.max(m, axis=0))  # finite: split 0 holds key 0, seen by all
+        weight = tl.exp(m - best_new)
+        rescale = tl.exp(best - best_new)
+        norm = norm * rescale + tl.sum(n * weight, axis=0)
+        acc = acc * rescale + tl.sum(part * weight[:, None], axis=0)
+        best = best_new
+    tl.store(out_ptr + b * s_ob + h * s_oh + i * s_ol + e * s_oe, acc / norm, mask=e < value_dim)
 
 
 def _cache(new, past):
@@ -96,14 +223,53 @@ def _cache(new, past):
     cache = torch.empty((batch, groups, before + length, width), dtype=new.dtype,
                         device=new.device)
     if cache.numel():
-        block_t = 64
+        tiles = configs.pick(new.device, configs.APPEND_CACHE_GPU, configs.APPEND_CACHE_CPU)
+        block_d = next_power_of_2(width)
+        block_t = max(1, min(64, tiles["elements"] // block_d))
         source = past if past is not None else new
         launch(_append_cache_kernel, (batch, groups, -(-(before + length) // block_t)))(
             source, new, cache, before, length, width, *source.stride(), *new.stride(),
-            *cache.stride(), BLOCK_T=block_t, BLOCK_D=next_power_of_2(width),
-            HAS_PAST=past is not None, num_warps=1,
+            *cache.stride(), BLOCK_T=block_t, BLOCK_D=block_d, HAS_PAST=past is not None,
+            num_warps=tiles["num_warps"],
         )
     return cache
+
+
+def split_keys(total: int, lanes: int, block_n: int, split: int, programs: int) -> int:
+    """Keys per split of the decode path: whole ``block_n`` blocks, at least ``split`` keys, as
+    few as give ``lanes`` x splits about ``programs`` programs."""
+    blocks = -(-total // block_n)
+    wanted = max(1, -(-programs // max(lanes, 1)))
+    per_split = max(-(-split // block_n), -(-blocks // wanted), 1)
+    return per_split * block_n
+
+
+def _decode(query, keys, values, out, scale: float, dot16: bool) -> None:
+    batch, heads, length, head_dim = query.shape
+    kv_heads, total, value_dim = keys.shape[1], keys.shape[2], values.shape[3]
+    gpu = configs.ATTENTION_DECODE_GPU if dot16 else configs.ATTENTION_DECODE_F32_GPU
+    tiles = configs.pick(query.device, gpu, configs.ATTENTION_DECODE_CPU)
+    rows = heads // kv_heads * length
+    block_m = configs.rows_block(rows, tiles["block_m"])
+    lanes = batch * kv_heads * -(-rows // block_m)
+    split_len = split_keys(total, lanes, tiles["block_n"], tiles["split"], tiles["programs"])
+    splits = -(-total // split_len)
+    f32 = dict(dtype=torch.float32, device=query.device)
+    m = torch.empty((batch, heads, length, splits), **f32)
+    norm = torch.empty((batch, heads, length, splits), **f32)
+    acc = torch.empty((batch, heads, length, splits, value_dim), **f32)
+    block_e = max(16, next_power_of_2(value_dim))
+    launch(_attention_split_kernel, (lanes, splits))(
+        query, keys, values, m, norm, acc, heads, heads // kv_heads, length, total - length,
+        head_dim, value_dim, split_len, splits, float(scale), *query.stride(), *keys.stride(),
+        *values.stride(), BLOCK_M=block_m, BLOCK_N=tiles["block_n"],
+        BLOCK_D=max(16, next_power_of_2(head_dim)), BLOCK_E=block_e, DOT16=dot16,
+        num_warps=tiles["num_warps"],
+    )
+    launch(_attention_combine_kernel, (batch * heads, length))(
+        m, norm, acc, out, heads, length, value_dim, splits, *out.stride(),
+        BLOCK_S=tiles["block_s"], BLOCK_E=block_e, num_warps=tiles["combine_warps"],
+    )
 
 
 def attention_fwd(query, key, value, scale: float, past_key=None, past_value=None):
@@ -115,13 +281,20 @@ def attention_fwd(query, key, value, scale: float, past_key=None, past_value=Non
     out = torch.empty((batch, heads, length, value_dim), dtype=query.dtype, device=query.device)
     if out.numel() == 0:
         return out, keys, values
-    tiles = configs.pick(query.device, configs.ATTENTION_GPU, configs.ATTENTION_CPU)
-    block_m = configs.rows_block(length, tiles["block_m"])
-    launch(_attention_kernel, (batch * heads, -(-length // block_m)))(
+    dot16 = configs.dot16(query.device, query.dtype, keys.dtype, values.dtype)
+    if length <= DECODE_QUERIES:
+        _decode(query, keys, values, out, scale, dot16)
+        return out, keys, values
+    block_d, block_e = max(16, next_power_of_2(head_dim)), max(16, next_power_of_2(value_dim))
+    if not dot16:
+        gpu = configs.ATTENTION_F32_GPU
+    else:
+        gpu = configs.ATTENTION_GPU if max(block_d, block_e) <= 64 else configs.ATTENTION_WIDE_GPU
+    tiles = configs.pick(query.device, gpu, configs.ATTENTION_CPU)
+    launch(_attention_kernel, (batch * heads, -(-length // tiles["block_m"])))(
         query, keys, values, out, heads, heads // kv_heads, length, keys.shape[2] - length,
         head_dim, value_dim, float(scale), *query.stride(), *keys.stride(), *values.stride(),
-        *out.stride(), BLOCK_M=block_m, BLOCK_N=tiles["block_n"],
-        BLOCK_D=max(16, next_power_of_2(head_dim)), BLOCK_E=max(16, next_power_of_2(value_dim)),
-        num_warps=tiles["num_warps"],
+        *out.stride(), BLOCK_M=tiles["block_m"], BLOCK_N=tiles["block_n"], BLOCK_D=block_d,
+        BLOCK_E=block_e, DOT16=dot16, num_warps=tiles["num_warps"],
     )
     return out, keys, values

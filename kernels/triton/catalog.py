@@ -58,6 +58,11 @@ GRID_RULES = {
     "_embedding_kernel": "(number of ids, cdiv(K, BLOCK_K))",
     "_append_cache_kernel": "(batch, kv_heads, cdiv(past + length, BLOCK_T))",
     "_attention_kernel": "(batch * heads, cdiv(length, BLOCK_M))",
+    # decode: split_len / splits are run-time arguments the launcher picks (attention.py's
+    # split_keys); the partials are sized by splits = cdiv(past + length, split_len)
+    "_attention_split_kernel": "(batch * kv_heads * cdiv(heads / kv_heads * length, BLOCK_M), "
+    "cdiv(past + length, split_len))",
+    "_attention_combine_kernel": "(batch * heads, length)",
     "_moe_up_kernel": "(tokens * top_k, cdiv(width, BLOCK_W))",
     "_moe_down_kernel": "(tokens, cdiv(dim, BLOCK_D))",
     "_positions_kernel": "(batch, max(1, cdiv(length, BLOCK)))",

@@ -144,9 +144,30 @@ SSD_CPU = SsdConfig(
 MATMUL_GPU = dict(block_m=64, block_n=64, block_k=32, num_warps=4)
 MATMUL_F32_GPU = dict(block_m=64, block_n=64, block_k=16, num_warps=8)
 MATMUL_CPU = dict(block_m=16, block_n=64, block_k=64, num_warps=1)
-# Attention: query rows and key columns per tile.
+# Attention prefill (attention.py): query rows and key columns per tile. 16-bit operands run on
+# tensor cores: (64, 64) tiles for head dims up to 64, 32 keys a step for wider heads (128: 64
+# keys spill at sm_90). float32 (IEEE products as FMAs, operands in registers) takes 32 keys a
+# step at 8 warps: 64 keys reach 255 registers at head dim 64 and spill at 128.
 ATTENTION_GPU = dict(block_m=64, block_n=64, num_warps=4)
+ATTENTION_WIDE_GPU = dict(block_m=64, block_n=32, num_warps=4)
+ATTENTION_F32_GPU = dict(block_m=64, block_n=32, num_warps=8)
 ATTENTION_CPU = dict(block_m=16, block_n=16, num_warps=1)
+# Attention decode (split keys): ``block_m`` query rows of a K/V head's group per program
+# (``rows_block``), ``block_n`` keys per step, splits of at least ``split`` keys until about
+# ``programs`` programs (two per H100 SM), ``block_s`` splits per step of the combine. float32
+# takes 8 warps (4 spill at head dim 128). The interpreter's small blocks and target still
+# split a 38-key cache 2-3 ways (the tests).
+ATTENTION_DECODE_GPU = dict(
+    block_m=64, block_n=32, split=128, programs=264, block_s=32, num_warps=4, combine_warps=2
+)
+ATTENTION_DECODE_F32_GPU = dict(ATTENTION_DECODE_GPU, num_warps=8)
+ATTENTION_DECODE_CPU = dict(
+    block_m=16, block_n=16, split=16, programs=16, block_s=4, num_warps=1, combine_warps=1
+)
+# The K/V cache copy: (positions, head dim) tiles of ``elements`` (32 positions at head dim 64,
+# 16 at 128; 32 x 128 16-bit tiles spill at sm_90).
+APPEND_CACHE_GPU = dict(elements=2048, num_warps=4)
+APPEND_CACHE_CPU = dict(elements=1 << 14, num_warps=1)
 
 
 # Fused decode steps (mixer_steps.py). ``block``: rows of a tile (Mamba-1 channels, Mamba-2
