@@ -252,6 +252,7 @@ def test_interpreted_runs_leave_triton_as_they_found_it(tmp_path):
         TRITON_KERNELS["attention"](q, k, k, 0.25, k, k)  # decode: split keys
         TRITON_KERNELS["attention"](long_q, long_k, long_k, 0.25)  # prefill
         TRITON_KERNELS["moe_experts"](hidden, index, torch.rand(3, 2), up, down, "gelu", True)
+        TRITON_KERNELS["moe_experts"](hidden[:1], index[:1], torch.rand(1, 2), up, down)
         TRITON_KERNELS["quantized_linear"](torch.randn(3, 64), weight, scale)
         TRITON_KERNELS["quantized_embedding"](torch.tensor([[1, 2]]), weight, scale)
         TRITON_KERNELS["positions"](torch.zeros(2, 3, dtype=torch.long), torch.tensor([[4], [0]]))
@@ -273,6 +274,11 @@ def test_interpreted_runs_leave_triton_as_they_found_it(tmp_path):
         "_attention_split_kernel",
         "_attention_combine_kernel",
         "_moe_up_kernel",
+        "_moe_down_kernel",
+        "_moe_route_kernel",
+        "_moe_up_grouped_kernel",
+        "_moe_down_grouped_kernel",
+        "_moe_sum_kernel",
         "_embedding_kernel",
         "_positions_kernel",
     } <= kernels

@@ -1,11 +1,15 @@
-"""Attention's split-key decode and prefill (``kernels/triton/attention.py``) against the op's
-reference, in Triton's interpreter.
+"""Attention's split-key decode and the MoE experts' grouped GEMM (``kernels/triton/attention.py``,
+``moe_experts.py``) against the ops' references, in Triton's interpreter.
 
 Attention: caches of 0, 1, 37 and 130 positions, GQA ratios 1, 2 and 4, head dims 8 and 19, one
 query position and a few, so that the interpreter's small key blocks give several splits and a
 partial last block (checked on the recorded grid); the prefill path with a cache and GQA 4.
-Tolerances: fuzzing.py's (mamba_ssm's scan tolerances) by output dtype. The GPU tiles the
-launcher picks by dtype and head dim are checked on recorded launches (their register use at
+MoE: 1, 7 and 37 tokens, 4-8 experts, top-1 and top-2, every activation, gated and not, float32 /
+float16 / bfloat16 hidden states with weights in the model's dtype and stored small (int8 per row
+and per group of 32, bf16, fp16, and int8 with groups of 8, which no step of a product fits in);
+each case through both designs (grouped GEMM and per-pair matrix-vector) whichever the launcher
+would pick. Tolerances: fuzzing.py's (mamba_ssm's scan tolerances) by output dtype. The GPU tiles
+the launchers pick by dtype and head dim are checked on recorded launches (their register use at
 sm_90 is ``test_triton_aot.py``'s slow spill test).
 """
 
@@ -16,8 +20,11 @@ import torch
 
 pytest.importorskip("triton", reason='Triton is an optional extra: pip install ".[triton]"')
 
-from ssmcc.kernels.triton import aot, attention, configs, runtime  # noqa: E402
+from ssmcc.kernels.triton import aot, attention, configs, moe_experts, runtime  # noqa: E402
 from ssmcc.ops import SSMCC_REFERENCES  # noqa: E402
+from ssmcc.ops.activations import FORMS  # noqa: E402
+from ssmcc.ops.moe_experts import ACTIVATIONS  # noqa: E402
+from ssmcc.ops.quantized_linear import quantize_weight  # noqa: E402
 
 from .fuzzing import TOLERANCES  # noqa: E402
 
@@ -160,3 +167,147 @@ def test_attention_prefill_with_gqa(dtype, heads, kv_heads, length, past, head_d
     for a, b in zip(attention.attention_fwd(*args), SSMCC_REFERENCES["attention"](*args),
                     strict=True):
         _close(a, b)
+
+
+def _stored(weights, form):
+    """(weights, scale) in ``form``: a quantize scheme, or "int8-g8" (groups of 8 inputs, which
+    no product step fits in: dequantised first)."""
+    if form == "int8-g8":
+        g = torch.Generator().manual_seed(8)
+        stored = torch.randint(-127, 128, weights.shape, generator=g, dtype=torch.int8)
+        groups = weights.shape[2] // 8
+        return stored, torch.rand(*weights.shape[:2], groups, generator=g) / 256
+    pairs = [quantize_weight(w, form) for w in weights]
+    return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+
+
+def _moe_case(dtype, form, tokens, experts, top_k, gated, seed):
+    g = torch.Generator().manual_seed(seed)
+    dim, width = 64, 48
+    hidden = torch.randn(tokens, dim, generator=g).to(dtype)
+    index = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)])
+    index[0, 0] = experts  # an index outside the experts (and below: -1) adds nothing
+    if tokens > 2:
+        index[2, -1] = -1
+    weights = torch.rand(tokens, top_k, generator=g).to(dtype)
+    up = torch.randn(experts, 2 * width if gated else width, dim, generator=g) / 8
+    down = torch.randn(experts, dim, width, generator=g) / 8
+    if form is None:
+        return (hidden, index, weights, up.to(dtype), down.to(dtype)), {}
+    (up, up_scale), (down, down_scale) = _stored(up, form), _stored(down, form)
+    return (hidden, index, weights, up, down), dict(up_scale=up_scale, down_scale=down_scale)
+
+
+DESIGNS = {"grouped": moe_experts._grouped, "per_pair": moe_experts._per_slot}
+
+
+def _run(design, args, activation, gated, scales):
+    """One case through one design (``DESIGNS``), whichever the launcher would pick."""
+    hidden, index, weights, up, down = args
+    out = torch.empty_like(hidden)
+    DESIGNS[design](hidden, index, weights, up, down, out, FORMS.index(activation), gated,
+                    scales.get("up_scale"), scales.get("down_scale"))
+    return out
+
+
+def _activation_cases():
+    """Every activation, gated and not, through the grouped GEMM; through the per-pair kernels
+    for silu and relu2 by default, every activation when slow."""
+    for activation in ACTIVATIONS:
+        for gated in (True, False):
+            yield pytest.param(activation, gated, "grouped")
+            marks = () if activation in ("silu", "relu2") else pytest.mark.slow
+            yield pytest.param(activation, gated, "per_pair", marks=marks)
+
+
+@pytest.mark.parametrize("activation,gated,design", list(_activation_cases()))
+def test_moe_every_activation(activation, gated, design):
+    args, scales = _moe_case(torch.float32, None, 7, 4, 2, gated, len(activation))
+    expected = SSMCC_REFERENCES["moe_experts"](*args, activation, gated)
+    _close(_run(design, args, activation, gated, scales), expected)
+
+
+WEIGHT_FORMS = [None, "int8", "int8-g32", "bf16", "fp16", "int8-g8"]
+
+
+def _shape_of(dtype, form):
+    """(tokens, experts, top_k, activation, gated) of a (dtype, weight form) case: every
+    combination of 1 / 7 / 37 tokens, 4-8 experts, top-1 / top-2 and the activations is met."""
+    case = WEIGHT_FORMS.index(form) + 3 * DTYPES.index(dtype)
+    return ((1, 7, 37)[case % 3], 4 + case % 5, 1 + case % 2,
+            ACTIVATIONS[case % len(ACTIVATIONS)], case % 4 != 1)
+
+
+def _form_cases():
+    """Both designs on every case; the per-pair kernels on 37 tokens (74 programs in the
+    interpreter) only when slow."""
+    for dtype in DTYPES:
+        for form in WEIGHT_FORMS:
+            yield pytest.param(dtype, form, "grouped")
+            slow = _shape_of(dtype, form)[0] == 37
+            yield pytest.param(dtype, form, "per_pair", marks=pytest.mark.slow if slow else ())
+
+
+@pytest.mark.parametrize("dtype,form,design", list(_form_cases()))
+def test_moe_dtypes_and_stored_weights(dtype, form, design):
+    tokens, experts, top_k, activation, gated = _shape_of(dtype, form)
+    args, scales = _moe_case(dtype, form, tokens, experts, top_k, gated, tokens + experts)
+    expected = SSMCC_REFERENCES["moe_experts"](*args, activation, gated, **scales)
+    _close(_run(design, args, activation, gated, scales), expected)
+
+
+@pytest.mark.parametrize("tokens,top_k,experts", [(1, 2, 4), (2, 2, 4), (3, 2, 4), (37, 1, 8)])
+def test_moe_launcher_picks_the_design(tokens, top_k, experts):
+    """The grouped GEMM once there are more (token, expert) pairs than experts, else the
+    per-pair kernels."""
+    args, _ = _moe_case(torch.float32, None, tokens, experts, top_k, True, 0)
+    chosen = {r[0].fn.__name__ for r in aot.record_launches(
+        lambda: moe_experts.moe_experts_fwd(*args)
+    )}
+    grouped = tokens * top_k > experts
+    assert ("_moe_up_grouped_kernel" in chosen) == grouped
+    assert ("_moe_up_kernel" in chosen) == (not grouped)
+
+
+@pytest.mark.parametrize(
+    "dtype,form,block_k,block_w,dot16",
+    [(torch.bfloat16, None, 64, 64, True), (torch.bfloat16, "int8-g32", 32, 64, True),
+     (torch.float32, "int8", 16, 64, False), (torch.float32, "int8-g8", 16, 32, False)],
+)
+def test_moe_gpu_tiles(dtype, form, block_k, block_w, dot16):
+    """The grouped GEMM's GPU meta-parameters (recorded, not run): 16-bit operands on tensor
+    cores with steps inside a scale group, float32 16 inputs a step at 8 warps, and narrower
+    up tiles where the weights are dequantised first (the tiles that do not spill at sm_90)."""
+    args, scales = _moe_case(dtype, form, 37, 4, 2, True, 0)
+    launches = {r[0].fn.__name__: r[3] for r in aot.record_launches(
+        lambda: moe_experts.moe_experts_fwd(*args, **scales)
+    )}
+    up, down = launches["_moe_up_grouped_kernel"], launches["_moe_down_grouped_kernel"]
+    assert (up["BLOCK_K"], up["BLOCK_W"], up["DOT16"], up["num_warps"]) == (
+        block_k, block_w, dot16, 8
+    )
+    assert (down["DOT16"], down["num_warps"]) == (dot16, 8)
+
+
+def test_moe_routing_groups_pairs_by_expert():
+    """The routing pass alone: every valid pair once, sorted by expert, stable, and each
+    expert's tiles where ``tile_ends`` says."""
+    g = torch.Generator().manual_seed(3)
+    tokens, top_k, experts, block_m = 37, 2, 5, 16
+    index = torch.randint(-1, experts + 1, (tokens, top_k), generator=g)
+    i32 = dict(dtype=torch.int32)
+    order, starts = torch.full((tokens * top_k,), -1, **i32), torch.empty(experts, **i32)
+    counts, tile_ends = torch.empty(experts, **i32), torch.empty(experts, **i32)
+    moe_experts.launch(moe_experts._moe_route_kernel, (1,))(
+        index, order, starts, counts, tile_ends, tokens * top_k, experts, top_k, *index.stride(),
+        BLOCK=16, BLOCK_E=8, BLOCK_M=block_m, num_warps=1,
+    )
+    flat = index.reshape(-1)
+    valid = (flat >= 0) & (flat < experts)
+    expected_counts = torch.bincount(flat[valid], minlength=experts)
+    assert counts.tolist() == expected_counts.tolist()
+    assert starts.tolist() == (torch.cumsum(expected_counts, 0) - expected_counts).tolist()
+    assert tile_ends.tolist() == torch.cumsum(-(-expected_counts // block_m), 0).tolist()
+    placed = order[: int(valid.sum())]
+    assert placed.tolist() == torch.argsort(flat.masked_fill(~valid, experts),
+                                            stable=True)[: int(valid.sum())].tolist()

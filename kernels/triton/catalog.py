@@ -65,6 +65,12 @@ GRID_RULES = {
     "_attention_combine_kernel": "(batch * heads, length)",
     "_moe_up_kernel": "(tokens * top_k, cdiv(width, BLOCK_W))",
     "_moe_down_kernel": "(tokens, cdiv(dim, BLOCK_D))",
+    # the grouped GEMM: tiles = min(tokens * top_k, cdiv(tokens * top_k, BLOCK_M) + experts),
+    # a bound on the tiles the routing pass makes (programs past them do nothing)
+    "_moe_route_kernel": "(1,)",
+    "_moe_up_grouped_kernel": "(tiles, cdiv(width, BLOCK_W))",
+    "_moe_down_grouped_kernel": "(tiles, cdiv(dim, BLOCK_D))",
+    "_moe_sum_kernel": "(tokens, cdiv(dim, BLOCK_D))",
     "_positions_kernel": "(batch, max(1, cdiv(length, BLOCK)))",
     # the TensorRT plugins' kernels (plugin_kernels.py; the rules are lowering/tensorrt/specs.py's)
     "trt_selective_scan_kernel": "(batch, cdiv(dim, BLOCK_D), 1)",

@@ -164,6 +164,21 @@ ATTENTION_DECODE_F32_GPU = dict(ATTENTION_DECODE_GPU, num_warps=8)
 ATTENTION_DECODE_CPU = dict(
     block_m=16, block_n=16, split=16, programs=16, block_s=4, num_warps=1, combine_warps=1
 )
+# MoE experts (moe_experts.py). Decode (a pair per program row, matrix-vector): ``block_w`` rows
+# of the up projection, ``block_d`` of the down one, ``block_k`` inputs per step (128 inputs at
+# 4 warps reach 255 registers and spill at sm_90). Prefill (the grouped GEMM): ``block_m`` pairs
+# of one expert per tile (16 while the experts average 16 pairs or fewer: ``rows_block``),
+# ``block_w`` / ``block_d`` output columns (``block_w_dequantised`` where the up weights are
+# dequantised in float32 before the product: the scale tile spills at 64), ``block_k`` inputs
+# per step; ``route``: one-hot elements per step of the routing pass. float32 (IEEE products as
+# FMAs) takes 8 warps and 16 inputs a step for its tiles to fit in registers.
+MOE_DECODE_GPU = dict(block_w=64, block_d=64, block_k=64, num_warps=8)
+MOE_DECODE_CPU = dict(block_w=64, block_d=64, block_k=128, num_warps=1)
+MOE_GROUPED_GPU = dict(block_m=64, block_w=64, block_w_dequantised=32, block_d=64, block_k=64,
+                       route=4096, num_warps=8, sum_warps=4)
+MOE_GROUPED_F32_GPU = dict(MOE_GROUPED_GPU, block_k=16)
+MOE_GROUPED_CPU = dict(block_m=16, block_w=64, block_w_dequantised=64, block_d=64, block_k=64,
+                       route=1024, num_warps=1, sum_warps=1)
 # The K/V cache copy: (positions, head dim) tiles of ``elements`` (32 positions at head dim 64,
 # 16 at 128; 32 x 128 16-bit tiles spill at sm_90).
 APPEND_CACHE_GPU = dict(elements=2048, num_warps=4)

@@ -1,5 +1,5 @@
-"""Device functions of the tiled matrix products (``linear.py``): a weight tile times a tile of
-activations, with the weight's scales.
+"""Device functions of the tiled matrix products (``linear.py``, ``moe_experts.py``): a weight
+tile times a tile of activations, with the weight's scales, and a grouped GEMM's tile lookup.
 
 A weight W (rows, inputs) stored small has ``scale`` (rows, G) float32: ``W[r, c] = weight[r, c]
 * scale[r, c // (inputs / G)]``. Kernels reach these functions through the module
@@ -78,3 +78,22 @@ def times_weight(acc, x, w_ptrs, s_cols, k, k0, group_len, s_sg, mask, mask_cols
         return acc + tl.dot(x, W) * scale[None, :]
     return tl.dot(x, W, acc)
 
+
+@triton.jit
+def grouped_tile(starts_ptr, counts_ptr, tile_ends_ptr, experts,
+                 BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr):
+    """(expert, rows of the sorted pairs, their mask, live) of this program's tile
+    (``program_id(0)``) of a grouped GEMM: expert e owns tiles [tile_ends[e-1], tile_ends[e])
+    and its pairs are rows [starts[e], starts[e] + counts[e]). A tile past the last is not
+    live: no rows."""
+    tile = tl.program_id(0)
+    ex = tl.arange(0, BLOCK_E)
+    ends = tl.load(tile_ends_ptr + ex, mask=ex < experts, other=0x7FFFFFFF)
+    expert = tl.sum((ends <= tile).to(tl.int32), axis=0)  # experts whose tiles all come before
+    live = expert < experts
+    expert = tl.where(live, expert, 0)
+    first = tl.max(tl.where(ends <= tile, ends, 0), axis=0)  # the expert's first tile
+    local = (tile - first) * BLOCK_M + tl.arange(0, BLOCK_M)
+    count = tl.where(live, tl.load(counts_ptr + expert), 0)
+    rows = tl.load(starts_ptr + expert) + local
+    return expert, rows, local < count, live
