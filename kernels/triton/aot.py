@@ -126,6 +126,7 @@ def specialization(kernel, grid, args, meta) -> Specialization:
         constexprs=tuple(constexprs),
         num_warps=int(meta.get("num_warps", 4)),
         grid=tuple(int(g) for g in grid),
+        num_stages=int(meta["num_stages"]) if "num_stages" in meta else None,
     )
 
 
