@@ -50,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ssmcc.kernels.triton import configs
+from ssmcc.kernels.triton import configs, online_softmax
 from ssmcc.kernels.triton.runtime import launch, next_power_of_2
 
 DECODE_QUERIES = 16  # query positions a call may have and still take the split-key path
@@ -102,27 +102,11 @@ def _attention_kernel(
     norm = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
     visible = past + tl.minimum((tl.program_id(1) + 1) * BLOCK_M, length)  # keys any row sees
-    for j0 in range(0, visible, BLOCK_N):
-        j = j0 + tl.arange(0, BLOCK_N)
-        kT = tl.load(k_ptr + b * s_kb + g * s_kg + j[None, :] * s_kt + d[:, None] * s_kd,
-                     mask=(j[None, :] < visible) & (d[:, None] < head_dim), other=0.0)
-        if not DOT16:
-            kT = kT.to(tl.float32)
-        s = tl.dot(q, kT, input_precision="ieee") * scale
-        s = tl.where((j[None, :] <= past + i[:, None]) & mask_i[:, None], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet
-        p = tl.exp(s - m_safe[:, None])
-        rescale = tl.exp(m - m_safe)
-        norm = norm * rescale + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + b * s_vb + g * s_vg + j[:, None] * s_vt + e[None, :] * s_ve,
-                    mask=(j[:, None] < visible) & (e[None, :] < value_dim), other=0.0)
-        if DOT16:
-            pv = tl.dot(p.to(v.dtype), v)
-        else:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        acc = acc * rescale[:, None] + pv
-        m = m_new
+    m, norm, acc = online_softmax.attend_keys(
+        q, m, norm, acc, k_ptr + b * s_kb + g * s_kg, v_ptr + b * s_vb + g * s_vg, 0, visible,
+        past + i, mask_i, head_dim, value_dim, s_kt, s_kd, s_vt, s_ve, scale,
+        BLOCK_N, BLOCK_D, BLOCK_E, DOT16,
+    )
     acc = acc / tl.where(norm == 0.0, 1.0, norm)[:, None]  # rows past the end saw nothing
     tl.store(out_ptr + b * s_ob + h * s_oh + i[:, None] * s_ol + e[None, :] * s_oe, acc,
              mask=mask_i[:, None] & (e[None, :] < value_dim))
@@ -158,27 +142,11 @@ def _attention_split_kernel(
     m = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     norm = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
-    for j0 in range(start, end, BLOCK_N):
-        j = j0 + tl.arange(0, BLOCK_N)
-        kT = tl.load(k_ptr + b * s_kb + g * s_kg + j[None, :] * s_kt + d[:, None] * s_kd,
-                     mask=(j[None, :] < end) & (d[:, None] < head_dim), other=0.0)
-        if not DOT16:
-            kT = kT.to(tl.float32)
-        s = tl.dot(q, kT, input_precision="ieee") * scale
-        s = tl.where((j[None, :] <= past + i[:, None]) & (j[None, :] < end), s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet
-        p = tl.exp(s - m_safe[:, None])
-        rescale = tl.exp(m - m_safe)
-        norm = norm * rescale + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + b * s_vb + g * s_vg + j[:, None] * s_vt + e[None, :] * s_ve,
-                    mask=(j[:, None] < end) & (e[None, :] < value_dim), other=0.0)
-        if DOT16:
-            pv = tl.dot(p.to(v.dtype), v)
-        else:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        acc = acc * rescale[:, None] + pv
-        m = m_new
+    m, norm, acc = online_softmax.attend_keys(
+        q, m, norm, acc, k_ptr + b * s_kb + g * s_kg, v_ptr + b * s_vb + g * s_vg, start, end,
+        past + i, real, head_dim, value_dim, s_kt, s_kd, s_vt, s_ve, scale,
+        BLOCK_N, BLOCK_D, BLOCK_E, DOT16,
+    )
     at = ((b * heads + h) * length + i) * splits + split  # (b, h, i, split) of the partials
     tl.store(m_ptr + at, m, mask=real)
     tl.store(n_ptr + at, norm, mask=real)
