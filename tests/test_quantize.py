@@ -267,7 +267,26 @@ def test_group_that_does_not_divide_keeps_the_weight_and_says_why():
 
 @pytest.fixture(scope="module")
 def small_mamba():
-    return make_hf_model("mamba", hidden_size=64, vocab_size=300, seed=3)
+    # two layers: what holds per layer is counted per layer, and a second layer shows it repeats
+    return make_hf_model("mamba", hidden_size=64, vocab_size=300, seed=3, num_hidden_layers=2)
+
+
+@pytest.fixture(scope="module")
+def quantised_reference():
+    """``(model, scheme)`` -> the torch target's quantised program on the reference kernels,
+    compiled once per module: the cases of one scheme on different targets compare against the
+    same compile (a model of one ``id`` is not changed by any test here)."""
+    compiled = {}
+
+    def reference(model, scheme: str):
+        key = (id(model), scheme)
+        if key not in compiled:
+            compiled[key] = ssmcc.compile(
+                model, target="torch", quantize=scheme, kernels="reference"
+            )
+        return compiled[key]
+
+    return reference
 
 
 # The default run covers each storage on each target once (a group size on torch); the slow run
@@ -284,11 +303,11 @@ TARGET_CASES = [
 
 
 @pytest.mark.parametrize(("target", "scheme"), TARGET_CASES)
-def test_targets_compute_the_quantised_program(small_mamba, target, scheme):
+def test_targets_compute_the_quantised_program(small_mamba, quantised_reference, target, scheme):
     """Prefill logits equal the quantised program's reference; decode equals the torch target's
     reference tokens, with the native kernels and with the references / portable bodies."""
     ids = torch.randint(0, 300, (2, 11), generator=torch.Generator().manual_seed(1))
-    reference = ssmcc.compile(small_mamba, target="torch", quantize=scheme, kernels="reference")
+    reference = quantised_reference(small_mamba, scheme)
     with torch.no_grad():
         expected = reference.program.module()(ids)
     tokens = reference.generate(ids, max_new_tokens=6)
@@ -483,17 +502,31 @@ FAMILY_CASES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def hybrid_models():
+    """``preset`` -> its model (seed 0), built once per module: jamba's two cases share it, and
+    with it their reference compile (``quantised_reference``)."""
+    from ssmcc.presets import build_preset
+
+    built = {}
+
+    def model(preset: str):
+        if preset not in built:
+            built[preset] = build_preset(preset, seed=0)
+        return built[preset]
+
+    return model
+
+
 @pytest.mark.parametrize(("preset", "target", "scheme"), FAMILY_CASES)
-def test_quantised_hybrids(preset, target, scheme):
+def test_quantised_hybrids(hybrid_models, quantised_reference, preset, target, scheme):
     """Attention projections, MLPs and each expert's matrices quantised, the MoE router kept
     exact (named in the report), logits those of the quantised program's reference, decode its
     tokens."""
-    from ssmcc.presets import build_preset
-
-    model = build_preset(preset, seed=0)
+    model = hybrid_models(preset)
     generator = torch.Generator().manual_seed(2)
     ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=generator)
-    reference = ssmcc.compile(model, target="torch", quantize=scheme, kernels="reference")
+    reference = quantised_reference(model, scheme)
     with torch.no_grad():
         expected = reference.program.module()(ids)
     compiled = ssmcc.compile(model, target=target, quantize=scheme)
