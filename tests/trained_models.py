@@ -4,14 +4,12 @@ Random weights make a poor stand-in for a real checkpoint when a test measures n
 their per-channel ranges are uniform and free of outliers, so int8 per-channel weight
 quantisation looks better (or worse) on them than it is on a model that has learnt something.
 ``trained_mamba()`` trains a tiny ``transformers.MambaForCausalLM`` (hidden 64, 2 layers, state
-16; about 80 K parameters) for 100 AdamW steps on batches of 12 random 128-byte windows of a
+16; about 80 K parameters) for 200 AdamW steps on batches of 12 random 128-byte windows of a
 small text, so that such tests see weights shaped by training: the training loss falls from
-5.5 to about 1.4 nats/byte, about 1.7 on held-out bytes (200 steps, twice the time: 0.8 and
-1.8; int8's logit cosine min 0.9997 there, 0.9996 here; free-running greedy 97% there, 96%
-here, against the test's 95%). Training runs on one thread (the other core runs the other
-test worker; two threads on a shared core spend their time in each other's way: 20 steps took
-10.6 s on two threads and 7.7 s on one beside a busy process, AMD EPYC): about 20 seconds idle
-(18.3 s measured), about 40 beside a busy worker (from the 20 steps). Pass a ``cache_dir`` (the
+5.5 to about 0.8 nats/byte, about 2.2 on held-out bytes. Training runs on one thread (the other
+core runs the other test worker; two threads on a shared core spend their time in each other's
+way: 20 steps took 10.6 s on two threads and 7.7 s on one beside a busy process, AMD EPYC): about
+50 seconds idle, about 77 beside a busy worker (from the 20 steps). Pass a ``cache_dir`` (the
 ``trained_mamba_model`` fixture passes pytest's cache) to train once and load the weights
 afterwards.
 
@@ -68,7 +66,7 @@ class TrainingSettings:
     ``final_lr_fraction * lr``."""
 
     seed: int = 0
-    steps: int = 100
+    steps: int = 200
     batch_size: int = 12
     window: int = 128
     lr: float = 5e-3
