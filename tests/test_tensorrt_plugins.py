@@ -21,7 +21,8 @@ from ssmcc.ops import SSMCC_OPS  # noqa: E402
 from ssmcc.ops.activations import FORMS  # noqa: E402
 
 CONVS = ("CausalConv1d", "CausalConv1dUpdate")
-# one plugin per ONNX node (the SSD scan's chain of plugins: tests/test_tensorrt_ssd_chain.py)
+# one plugin per ONNX node (the scans' chains of plugins: tests/test_tensorrt_scan_chain.py,
+# tests/test_tensorrt_ssd_chain.py)
 NODE_PLUGINS = sorted(op_type for op_type, spec in SPECS.items() if not spec.part_of)
 
 
@@ -206,9 +207,8 @@ CASES = [  # sizes, flags (and dt clamped to [0.001, 0.5] when set)
 @pytest.mark.parametrize("op_type", NODE_PLUGINS)
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_plugin_kernel_equals_the_reference(op_type, case):
-    """The kernel, given what TensorRT gives it, computes the node's outputs (float32, 1e-5;
-    the Mamba-1 scan 1e-4: its tiles associate the recurrence otherwise than the reference's loop,
-    and both are ~1e-5 off a float64 run where the output cancels)."""
+    """The kernel, given what TensorRT gives it, computes the node's outputs (float32, 1e-5; the
+    scans' chains of plugins: tests/test_tensorrt_scan_chain.py, test_tensorrt_ssd_chain.py)."""
     sizes, flag = CASES[case]
     generator = torch.Generator().manual_seed(case)
 
@@ -223,10 +223,9 @@ def test_plugin_kernel_equals_the_reference(op_type, case):
     attributes = attributes_for(op_type, sizes, flag, dt_max=0.5 if flag else math.inf)
     got = launch_plugin(SPECS[op_type], inputs, attributes)
     expected = call_op(op_type, inputs, attributes)
-    tolerance = 1e-4 if op_type == "SelectiveScan" else 1e-5
     for g, e in zip(got, expected, strict=True):
         assert g.shape == e.shape and g.dtype == e.dtype
-        torch.testing.assert_close(g, e, atol=tolerance, rtol=tolerance)
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("op_type", CONVS)

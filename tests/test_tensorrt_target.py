@@ -34,7 +34,7 @@ from ssmcc.lowering.tensorrt.kernels_aot import (  # noqa: E402
     launch_description,
 )
 from ssmcc.lowering.tensorrt.plugin_launch import launch_plugin  # noqa: E402
-from ssmcc.lowering.tensorrt.specs import INT_OPS, SPECS  # noqa: E402
+from ssmcc.lowering.tensorrt.specs import CHAINS, INT_OPS, SPECS  # noqa: E402
 from ssmcc.lowering.tensorrt.target import tensorrt_missing  # noqa: E402
 
 DATA_SUFFIXES = (".onnx", ".json", ".ptx", ".bin")
@@ -89,11 +89,13 @@ def test_compile_writes_a_data_only_artifact_whose_manifest_names_every_file():
 
 def test_the_stateful_graphs_hold_only_ops_with_a_plugin():
     """prefill, chunk and step are derived under the compile's gates (the fused mixers have no
-    plugin): each holds a plugin node per ssmcc op, the unfused scan and conv among them."""
+    plugin): each holds a plugin node per ssmcc op, the unfused scan (as its chain of plugins)
+    and conv among them."""
     folder = _artifact("mamba-tiny")
+    scan = set(CHAINS["SelectiveScan"])
     expected = {
-        "prefill": {"CausalConv1d", "SelectiveScan", "RmsNormGated"},
-        "chunk": {"CausalConv1d", "SelectiveScan", "RmsNormGated"},
+        "prefill": {"CausalConv1d", *scan, "RmsNormGated"},
+        "chunk": {"CausalConv1d", *scan, "RmsNormGated"},
         "step": {"CausalConv1dUpdate", "SelectiveStateUpdate", "RmsNormGated"},
     }
     for graph, op_types in expected.items():
@@ -104,11 +106,18 @@ def test_the_stateful_graphs_hold_only_ops_with_a_plugin():
 
 def test_each_plugin_node_finds_its_binary_by_the_aot_impl_key():
     """What each node's ``aot_impl`` computes (over ints here: batch 3, 37 positions) names a
-    binary of the artifact, and its grid and extras are what the kernel is launched with."""
+    binary of the artifact, and its grid and extras are what the kernel is launched with (a
+    chain's intermediates' dims named ``cdiv(seq,Q)`` evaluated too)."""
     folder = _artifact("mamba-tiny")
     kernels = json.loads(open(os.path.join(folder, KERNELS_FILE)).read())
     built = {e["specialization"] for e in kernels["kernels"]}
     sizes = {"batch": 3, "seq": 37}
+
+    def size(d):
+        if isinstance(d, str) and d.startswith("cdiv("):
+            name, chunk = d[len("cdiv("):-1].split(",")
+            return INT_OPS.cdiv(sizes[name], int(chunk))
+        return sizes.get(d, d) if isinstance(d, str) else d
     for graph in ("prefill", "chunk", "step"):
         model = onnx.load(os.path.join(folder, f"{graph}.onnx"), load_external_data=False)
         shapes = _value_shapes(model)
@@ -118,7 +127,7 @@ def test_each_plugin_node_finds_its_binary_by_the_aot_impl_key():
             spec = SPECS[node.op_type]
             values = dict(zip(spec.inputs, node.input, strict=True))
             dims = {
-                n: tuple(sizes.get(d, d) if isinstance(d, str) else d for d in shapes[v][0])
+                n: tuple(size(d) for d in shapes[v][0])
                 for n, v in values.items()
             }
             static = {key: dims[key[0]][key[1]] for key in spec.static_dims}

@@ -73,7 +73,10 @@ GRID_RULES = {
     "_moe_sum_kernel": "(tokens, cdiv(dim, BLOCK_D))",
     "_positions_kernel": "(batch, max(1, cdiv(length, BLOCK)))",
     # the TensorRT plugins' kernels (plugin_kernels.py; the rules are lowering/tensorrt/specs.py's)
-    "trt_selective_scan_kernel": "(batch, cdiv(dim, BLOCK_D), 1)",
+    # the Mamba-1 scan as a chain of plugins, K = cdiv(length, CHUNK)
+    "trt_selective_scan_chunk_state_kernel": "(batch, cdiv(dim, BLOCK_D), K)",
+    "trt_selective_scan_pass_states_kernel": "(batch, cdiv(dim, BLOCK_D), 1)",
+    "trt_selective_scan_chunk_scan_kernel": "(batch, cdiv(dim, BLOCK_D), K)",
     "trt_causal_conv1d_kernel": "(batch, cdiv(dim, BLOCK_D), max(cdiv(length, BLOCK_L), 1))",
     "trt_selective_state_update_kernel": "(batch, 1, cdiv(dim, BLOCK_R))",
     "trt_causal_conv1d_update_kernel": "(batch, cdiv(dim, BLOCK_D), 1)",

@@ -10,11 +10,14 @@ existing kernel of this package as a device function (Triton inlines it), so the
 kernels' own (``selective_scan.py``, ``causal_conv1d.py``, ``state_update.py``,
 ``ssd_scan.py``):
 
-    SelectiveScan       the scan's chunk-scan kernel over one chunk = the whole sequence,
-                        started from ``initial_state``: a program owns (batch, BLOCK_D channels)
-                        and steps through every position in tiles (no parallelism along the
-                        sequence, so no state passing; B and C loaded per channel, as the group
-                        size is a run-time value)
+    SelectiveScanChunkState, SelectiveScanPassStates, SelectiveScanChunkScan
+                        the Mamba-1 scan's three kernels (``selective_scan.py``), one per node of
+                        the chain a ``SelectiveScan`` node becomes (``lowering/tensorrt/
+                        scan_chain.py``): the chunk length (``CHUNK``), the channel block, the
+                        state padded to a power of two and the tile length are constants of the
+                        specialisation; K = cdiv(length, CHUNK) is computed in the kernel; the
+                        intermediates are the nodes' float32 outputs, contiguous (B and C loaded
+                        per channel, as the group size is a run-time value)
     CausalConv1d        the convolution kernel, and in the programs of the first position block
                         also the final-state kernel (same (batch, channel block) mapping)
     SelectiveStateUpdate, SsdStateUpdate, CausalConv1dUpdate, RmsNormGated
@@ -27,6 +30,16 @@ kernels' own (``selective_scan.py``, ``causal_conv1d.py``, ``state_update.py``,
                         chunk length Q (``CHUNK``) and the head and state sizes' tiles are
                         constants of the specialisation; K = cdiv(length, Q) is computed in the
                         kernel; the intermediates are the nodes' float32 outputs, contiguous
+
+The Mamba-1 chain, per batch row and channel c (math in ``selective_scan.py``)::
+
+    SelectiveScanChunkState  dt_t = softplus?(delta_t + delta_bias_c), 0 past l; each chunk from
+                             a zero state: S_k = sum_t exp(A_c (dt_{t+1} + ..)) dt_t u_t B_t
+                             -> chunk_ends (b, K, n, d), dt_sums (b, K, d)
+    SelectiveScanPassStates  h_in[0] = initial_state, h_in[k+1] = exp(A dt_sum_k) h_in[k] + S_k
+                             -> chunk_starts (b, K, n, d)
+    SelectiveScanChunkScan   every chunk again from h_in[k] -> out (b, d, l), last_state (b, d, n)
+                             (the last chunk's programs)
 
 The SSD chain, per batch row and head i (group g = i // (h / G); math in ``ssd_scan.py``)::
 
@@ -51,7 +64,9 @@ products of sizes. Each node input is present (the ONNX emitters write zeros for
 specialisation: ``activations.py``) select code. Grids, per node, with
 cdiv(a, b) = ceil(a / b)::
 
-    SelectiveScan         (batch, cdiv(dim, BLOCK_D), 1)
+    SelectiveScanChunkState  (batch, cdiv(dim, BLOCK_D), K)
+    SelectiveScanPassStates  (batch, cdiv(dim, BLOCK_D), 1)
+    SelectiveScanChunkScan   (batch, cdiv(dim, BLOCK_D), K)
     CausalConv1d          (batch, cdiv(dim, BLOCK_D), max(cdiv(length, BLOCK_L), 1))
     SelectiveStateUpdate  (batch, 1, cdiv(dim, BLOCK_R))
     CausalConv1dUpdate    (batch, cdiv(dim, BLOCK_D), 1)
@@ -69,14 +84,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ssmcc.kernels.triton import configs, scan_tiles
+from ssmcc.kernels.triton import scan_tiles
 from ssmcc.kernels.triton.causal_conv1d import (
     _causal_conv1d_final_state_kernel,
     _causal_conv1d_kernel,
     _causal_conv1d_update_kernel,
 )
 from ssmcc.kernels.triton.rmsnorm_gated import _rmsnorm_gated_kernel
-from ssmcc.kernels.triton.selective_scan import _selective_scan_chunk_scan_kernel
+from ssmcc.kernels.triton.selective_scan import (
+    _selective_scan_chunk_scan_kernel,
+    _selective_scan_chunk_state_kernel,
+    _selective_scan_pass_states_kernel,
+)
 from ssmcc.kernels.triton.ssd_scan import (
     _ssd_bmm_kernel,
     _ssd_chunk_cumsum_kernel,
@@ -86,26 +105,63 @@ from ssmcc.kernels.triton.ssd_scan import (
 )
 from ssmcc.kernels.triton.state_update import _state_update_kernel
 
-SCAN_BLOCK_L = tl.constexpr(configs.SELECTIVE_SCAN_GPU.block_l)  # the scan's positions per tile
+
+@triton.jit
+def trt_selective_scan_chunk_state_kernel(
+    u_ptr, delta_ptr, A_ptr, B_ptr, bias_ptr,
+    dim, length, groups, state,
+    ends_ptr, dtsum_ptr,
+    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+    SOFTPLUS: tl.constexpr,
+):
+    chunks = tl.cdiv(length, CHUNK)
+    per_group = dim // groups
+    _selective_scan_chunk_state_kernel(
+        u_ptr, delta_ptr, A_ptr, B_ptr, bias_ptr, ends_ptr, dtsum_ptr,
+        dim, length, CHUNK, per_group, state,
+        dim * length, length, 1, dim * length, length, 1, state, 1,
+        groups * state * length, state * length, length, 1,
+        chunks * state * dim, state * dim, 1, dim, chunks * dim, dim, 1,
+        BLOCK_D, BLOCK_N, BLOCK_L, scan_tiles.ALONG, scan_tiles.ALONG, False, True, SOFTPLUS,
+    )
 
 
 @triton.jit
-def trt_selective_scan_kernel(
-    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, h0_ptr,
+def trt_selective_scan_pass_states_kernel(
+    ends_ptr, dtsum_ptr, A_ptr, h0_ptr,
+    chunks, dim, state,
+    starts_ptr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    _selective_scan_pass_states_kernel(
+        ends_ptr, dtsum_ptr, A_ptr, h0_ptr, starts_ptr,
+        dim, state, chunks,
+        chunks * state * dim, state * dim, 1, dim, chunks * dim, dim, 1, state, 1,
+        dim * state, state, 1, chunks * state * dim, state * dim, 1, dim,
+        BLOCK_D, BLOCK_N, True,
+    )
+
+
+@triton.jit
+def trt_selective_scan_chunk_scan_kernel(
+    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, starts_ptr,
     dim, length, groups, state,
     out_ptr, last_ptr,
-    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_Z: tl.constexpr, SOFTPLUS: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+    HAS_Z: tl.constexpr, SOFTPLUS: tl.constexpr,
 ):
+    chunks = tl.cdiv(length, CHUNK)
     per_group = dim // groups
     _selective_scan_chunk_scan_kernel(
-        u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, h0_ptr, out_ptr, last_ptr,
-        dim, length, length, per_group, per_group, state,
+        u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, starts_ptr, out_ptr,
+        last_ptr,
+        dim, length, CHUNK, per_group, per_group, state,
         dim * length, length, 1, dim * length, length, 1, state, 1,
         groups * state * length, state * length, length, 1,
         groups * state * length, state * length, length, 1,
         dim * length, length, 1,
-        dim * state, 0, state, 1, dim * length, length, 1, dim * state, state, 1,
-        BLOCK_D, BLOCK_N, SCAN_BLOCK_L, scan_tiles.ALONG, scan_tiles.ALONG, False,
+        chunks * state * dim, state * dim, 1, dim, dim * length, length, 1, dim * state, state, 1,
+        BLOCK_D, BLOCK_N, BLOCK_L, scan_tiles.ALONG, scan_tiles.ALONG, False,
         True, HAS_Z, True, SOFTPLUS, True,
     )
 

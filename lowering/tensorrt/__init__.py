@@ -8,6 +8,7 @@ been run on a real TensorRT (README says which parts).
                       expressions over input dims (no TensorRT or Triton import)
     plugin_launch.py  a plugin's kernel launched as TensorRT's AOT plugin would, on tensors
     graphs.py         the ONNX lowering's portable graphs with each ssmcc node bound to its plugin
+    scan_chain.py     each SelectiveScan node as a chain of three plugin nodes (chunked scan)
     ssd_chain.py      each SsdScan node as a chain of five plugin nodes (SSD's chunked kernels)
     kernels_aot.py    the plugin kernels' specialisations the graphs need, built to PTX
     plugins.py        the plugins registered with ``tensorrt.plugin`` (where it imports)

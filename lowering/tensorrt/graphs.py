@@ -15,6 +15,7 @@ import onnx
 from onnx import helper
 
 from ssmcc.errors import LoweringError
+from ssmcc.lowering.tensorrt.scan_chain import split_selective_scans
 from ssmcc.lowering.tensorrt.specs import NAMESPACE, ONNX_DOMAIN, PLUGIN_VERSION, SPECS
 from ssmcc.lowering.tensorrt.ssd_chain import split_ssd_scans
 
@@ -24,9 +25,10 @@ def plugin_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 
 def bind_plugins(graph: str, model: onnx.ModelProto) -> None:
-    """Replace each ``SsdScan`` node by its chain of plugin nodes (``ssd_chain.py``), then give
-    every ssmcc node of ``model`` the attributes that bind it to its plugin, or ``LoweringError``
-    naming the first node no plugin exists for."""
+    """Replace each ``SelectiveScan`` and ``SsdScan`` node by its chain of plugin nodes
+    (``scan_chain.py``, ``ssd_chain.py``), then give every ssmcc node of ``model`` the attributes
+    that bind it to its plugin, or ``LoweringError`` naming the first node no plugin exists for."""
+    split_selective_scans(model)
     split_ssd_scans(model)
     for node in plugin_nodes(model):
         if node.op_type not in SPECS:

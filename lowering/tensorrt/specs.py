@@ -76,7 +76,7 @@ class PluginSpec:
 
 
 def _recurrence_constexprs(config, block: str, softplus: str) -> Callable:
-    """Constants of a Mamba-1 scan or state update: ``block`` channels per program (from the
+    """Constants of the Mamba-1 state update: ``block`` channels per program (from the
     GPU ``config``), the state size padded to a power of two, the gate and softplus flags."""
 
     def constexprs(attributes: dict, static: dict, types: dict) -> dict:
@@ -408,33 +408,124 @@ SSD_CHAIN_SPECS = (
 )
 
 
+# ---- SelectiveScan as a chain of plugins (``scan_chain.py``): the Mamba-1 scan's three kernels --
+
+
+def _scan_chunk(attributes: dict) -> int:
+    """The Mamba-1 chain's chunk length (the node's ``chunk`` attribute): any positive length
+    (the kernels step through a chunk in tiles of ``BLOCK_L``, masked past its end)."""
+    chunk = int(attributes["chunk"])
+    if chunk < 1:
+        raise LoweringError(
+            f"a selective scan plugin's chunk attribute is {chunk}; it must be >= 1"
+        )
+    return chunk
+
+
+def _scan_chain_constexprs(*flags: str) -> Callable:
+    """Constants of the Mamba-1 chain's kernels: the chunk, ``BLOCK_D`` channels per program and
+    the tile length (``configs.SELECTIVE_SCAN_GPU``, the tile no longer than a chunk), the state
+    padded to a power of two, and ``flags`` (``HAS_Z``, ``SOFTPLUS``) from the attributes."""
+    config = configs.SELECTIVE_SCAN_GPU
+    attribute = {"HAS_Z": "has_z", "SOFTPLUS": "delta_softplus"}
+
+    def constexprs(attributes: dict, static: dict, types: dict) -> dict:
+        made = {"BLOCK_D": config.block_d, "BLOCK_N": _next_power_of_2(static[("A", 1)])}
+        if flags:  # the chunk kernels (the state passing reads no chunk)
+            chunk = _scan_chunk(attributes)
+            made = {
+                "CHUNK": chunk,
+                **made,
+                "BLOCK_L": min(config.block_l, _next_power_of_2(chunk)),
+                **{flag: bool(attributes[attribute[flag]]) for flag in flags},
+            }
+        return {**made, "num_warps": config.num_warps}
+
+    return constexprs
+
+
+def _scan_chunks(ops, d, a: dict):
+    """K = cdiv(l, chunk) for the (b, d, l) input u."""
+    return ops.cdiv(d["u"][2], a["chunk"])
+
+
+_SCAN_SIZES = (
+    ("dim", lambda d: d["u"][1]),
+    ("length", lambda d: d["u"][2]),
+    ("groups", lambda d: d["B"][1]),
+    ("state", lambda d: d["A"][1]),
+)
+
+
+def _scan_grid(d, ops, c):
+    """(batch, channel blocks, chunks)."""
+    return (d["u"][0], ops.cdiv(d["u"][1], c["BLOCK_D"]), ops.cdiv(d["u"][2], c["CHUNK"]))
+
+
+SCAN_CHAIN_SPECS = (
+    PluginSpec(
+        op="selective_scan",
+        op_type="SelectiveScanChunkState",
+        kernel="trt_selective_scan_chunk_state_kernel",
+        inputs=("u", "delta", "A", "B", "delta_bias"),
+        outputs=("chunk_ends", "dt_sums"),
+        attributes=(("delta_softplus", int), ("chunk", int)),
+        output_shapes=(
+            lambda d, ops, a: (d["u"][0], _scan_chunks(ops, d, a), d["A"][1], d["u"][1]),
+            lambda d, ops, a: (d["u"][0], _scan_chunks(ops, d, a), d["u"][1]),
+        ),
+        output_dtypes=(FLOAT32, FLOAT32),
+        extras=_SCAN_SIZES,
+        grid=_scan_grid,
+        constexprs=_scan_chain_constexprs("SOFTPLUS"),
+        static_dims=(("A", 1),),
+        part_of="SelectiveScan",
+    ),
+    PluginSpec(
+        op="selective_scan",
+        op_type="SelectiveScanPassStates",
+        kernel="trt_selective_scan_pass_states_kernel",
+        inputs=("chunk_ends", "dt_sums", "A", "initial_state"),
+        outputs=("chunk_starts",),
+        attributes=(("chunk", int),),
+        output_shapes=(lambda d, ops, a: tuple(d["chunk_ends"]),),
+        output_dtypes=(FLOAT32,),
+        extras=(
+            ("chunks", lambda d: d["chunk_ends"][1]),
+            ("dim", lambda d: d["A"][0]),
+            ("state", lambda d: d["A"][1]),
+        ),
+        grid=lambda d, ops, c: (
+            d["initial_state"][0], ops.cdiv(d["initial_state"][1], c["BLOCK_D"]), 1
+        ),
+        constexprs=_scan_chain_constexprs(),
+        static_dims=(("A", 1),),
+        part_of="SelectiveScan",
+    ),
+    PluginSpec(
+        op="selective_scan",
+        op_type="SelectiveScanChunkScan",
+        kernel="trt_selective_scan_chunk_scan_kernel",
+        inputs=("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "chunk_starts"),
+        outputs=("out", "last_state"),
+        attributes=(("delta_softplus", int), ("has_z", int), ("chunk", int)),
+        output_shapes=(
+            lambda d, ops, a: (d["u"][0], d["u"][1], d["u"][2]),
+            lambda d, ops, a: (d["u"][0], d["u"][1], d["A"][1]),
+        ),
+        output_dtypes=("u", FLOAT32),
+        extras=_SCAN_SIZES,
+        grid=_scan_grid,
+        constexprs=_scan_chain_constexprs("HAS_Z", "SOFTPLUS"),
+        static_dims=(("A", 1),),
+        part_of="SelectiveScan",
+    ),
+)
+
+
 SPECS: dict[str, PluginSpec] = {
     spec.op_type: spec
     for spec in (
-        PluginSpec(
-            op="selective_scan",
-            op_type="SelectiveScan",
-            kernel="trt_selective_scan_kernel",
-            inputs=("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state"),
-            outputs=("out", "last_state"),
-            attributes=(("delta_softplus", int), ("has_z", int)),
-            output_shapes=(
-                lambda d, ops, a: (d["u"][0], d["u"][1], d["u"][2]),
-                lambda d, ops, a: (d["u"][0], d["u"][1], d["A"][1]),
-            ),
-            output_dtypes=("u", FLOAT32),
-            extras=(
-                ("dim", lambda d: d["u"][1]),
-                ("length", lambda d: d["u"][2]),
-                ("groups", lambda d: d["B"][1]),
-                ("state", lambda d: d["A"][1]),
-            ),
-            grid=lambda d, ops, c: (d["u"][0], ops.cdiv(d["u"][1], c["BLOCK_D"]), 1),
-            constexprs=_recurrence_constexprs(
-                configs.SELECTIVE_SCAN_GPU, "BLOCK_D", "delta_softplus"
-            ),
-            static_dims=(("A", 1),),
-        ),
         PluginSpec(
             op="causal_conv1d",
             op_type="CausalConv1d",
@@ -537,10 +628,14 @@ SPECS: dict[str, PluginSpec] = {
     )
 }
 
-SPECS.update((spec.op_type, spec) for spec in SSD_CHAIN_SPECS)
+SPECS.update((spec.op_type, spec) for spec in (*SCAN_CHAIN_SPECS, *SSD_CHAIN_SPECS))
 
-# the ONNX node a chain of plugins replaces -> the chain's plugins, in order (``ssd_chain.py``)
-CHAINS = {"SsdScan": tuple(spec.op_type for spec in SSD_CHAIN_SPECS)}
+# the ONNX node a chain of plugins replaces -> the chain's plugins, in order (``scan_chain.py``,
+# ``ssd_chain.py``)
+CHAINS = {
+    "SelectiveScan": tuple(spec.op_type for spec in SCAN_CHAIN_SPECS),
+    "SsdScan": tuple(spec.op_type for spec in SSD_CHAIN_SPECS),
+}
 # each op -> the plugins that compute it (one, or a chain)
 OP_PLUGINS: dict[str, tuple[str, ...]] = {}
 for _spec in SPECS.values():
