@@ -10,6 +10,7 @@ been run on a real TensorRT (README says which parts).
     graphs.py         the ONNX lowering's portable graphs with each ssmcc node bound to its plugin
     scan_chain.py     each SelectiveScan node as a chain of three plugin nodes (chunked scan)
     ssd_chain.py      each SsdScan node as a chain of five plugin nodes (SSD's chunked kernels)
+    chain_rewrite.py  what the two chains share: a chain as data, its nodes, the graph rewrite
     kernels_aot.py    the plugin kernels' specialisations the graphs need, built to PTX
     plugins.py        the plugins registered with ``tensorrt.plugin`` (where it imports)
     engines.py        engine build (``ssmcc trt-build``) and the runner

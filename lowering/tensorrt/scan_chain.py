@@ -36,7 +36,7 @@ from ssmcc.kernels.triton import configs
 from ssmcc.lowering.onnx.functions import INT64_MAX, _Body, _dim, scan_value
 from ssmcc.lowering.onnx.functions_ssd import _int_attr_1d
 from ssmcc.lowering.onnx.schemas import _FLOAT_TYPES, DOMAIN, VERSION, _schema
-from ssmcc.lowering.tensorrt.ssd_chain import _known_dims
+from ssmcc.lowering.tensorrt.chain_rewrite import NodeChain, replace_nodes, step_function
 
 OPSET = 20
 # the chunk length the rewrite writes: the triton target's smallest chunk on a GPU
@@ -187,11 +187,7 @@ def _position_scan(body: _Body, h0: str, A3: str, dt: str, dtu: str, B6: str, C6
 
 
 def _function(op_type: str, body: _Body) -> onnx.FunctionProto:
-    _, inputs, outputs, attributes = next(c for c in CHAIN if c[0] == op_type)
-    return helper.make_function(
-        DOMAIN, op_type, list(inputs), list(outputs), body.nodes,
-        [helper.make_opsetid("", OPSET)], attributes=list(attributes),
-    )
+    return step_function(CHAIN, op_type, body.nodes, OPSET)
 
 
 def _by_state(body: _Body, c: _Chunks, h: str, leading) -> str:
@@ -283,8 +279,8 @@ FUNCTIONS = {
 # ---- the rewrite --------------------------------------------------------------------------
 
 
-def _intermediate_values(node: onnx.NodeProto, dims: dict, chunk: int) -> list:
-    """Value infos of a chain's float32 intermediates, dims from u's and A's (the count of
+def _intermediates(node: onnx.NodeProto, dims: dict, chunk: int) -> dict[str, tuple]:
+    """The dims of the chain's float32 intermediates, dims from u's and A's (the count of
     chunks K named ``cdiv(<l>,<Q>)`` when l is not a number)."""
     try:
         b, d, length = dims[node.input[0]]
@@ -296,60 +292,22 @@ def _intermediate_values(node: onnx.NodeProto, dims: dict, chunk: int) -> list:
         ) from error
     K = -(-length // chunk) if isinstance(length, int) else f"cdiv({length},{chunk})"
     shapes = {"chunk_ends": (b, K, n, d), "dt_sums": (b, K, d), "chunk_starts": (b, K, n, d)}
-    stem = node.name or node.output[0]
-    return [
-        helper.make_tensor_value_info(f"{stem}/{name}", TensorProto.FLOAT, list(shape))
-        for name, shape in shapes.items()
-    ]
+    return shapes
 
 
-def chain_nodes(node: onnx.NodeProto, chunk: int = CHUNK) -> list[onnx.NodeProto]:
-    """The three nodes computing what the ``SelectiveScan`` ``node`` does, in order."""
-    given = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    values = dict(zip(SCAN_INPUTS, node.input, strict=True))
-    values.update(zip(SCAN_OUTPUTS, node.output, strict=True))
-    stem = node.name or node.output[0]
-    made = []
-    for op_type, inputs, outputs, attributes in CHAIN:
-        names = {v: values.get(v, f"{stem}/{v}") for v in (*inputs, *outputs)}
-        kwargs = {a: chunk if a == "chunk" else int(given.get(a, 0)) for a in attributes}
-        made.append(
-            helper.make_node(
-                op_type, [names[v] for v in inputs], [names[v] for v in outputs],
-                name=f"{stem}/{op_type}", domain=DOMAIN, **kwargs,
-            )
-        )
-    return made
+CHAIN_REWRITE = NodeChain(
+    op_type="SelectiveScan",
+    inputs=SCAN_INPUTS,
+    outputs=SCAN_OUTPUTS,
+    steps=CHAIN,
+    functions=FUNCTIONS,
+    intermediates=_intermediates,
+    register_schemas=register_chain_schemas,
+    absent={"delta_softplus": 0, "has_z": 0},
+)
 
 
 def split_selective_scans(model: onnx.ModelProto, chunk: int = CHUNK) -> int:
-    """Replace every ``SelectiveScan`` node of ``model``'s graph by its chain (in place) and add
-    the chain's functions; returns how many were replaced."""
-    register_chain_schemas()
-    scans = [n for n in model.graph.node if n.domain == DOMAIN and n.op_type == "SelectiveScan"]
-    if not scans:
-        return 0
-    dims = _known_dims(model)
-    nodes, replaced = [], 0
-    for node in model.graph.node:
-        if node.domain == DOMAIN and node.op_type == "SelectiveScan":
-            nodes.extend(chain_nodes(node, chunk))
-            model.graph.value_info.extend(_intermediate_values(node, dims, chunk))
-            replaced += 1
-        else:
-            nodes.append(node)
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    have = {f.name for f in model.functions if f.domain == DOMAIN}
-    model.functions.extend(make() for name, make in FUNCTIONS.items() if name not in have)
-    still_called = any(
-        n.op_type == "SelectiveScan" for f in model.functions for n in f.node
-        if n.domain == DOMAIN
-    )
-    if not still_called:
-        kept = [
-            f for f in model.functions if not (f.domain == DOMAIN and f.name == "SelectiveScan")
-        ]
-        del model.functions[:]
-        model.functions.extend(kept)
-    return replaced
+    """Replace every ``SelectiveScan`` node of ``model``'s graph by its chain (in place) and add the
+    chain's functions; returns how many were replaced."""
+    return replace_nodes(model, CHAIN_REWRITE, chunk)
