@@ -35,6 +35,23 @@ class NodeChain:
     absent: Mapping[str, object] = dataclasses.field(default_factory=dict)  # attribute defaults
 
 
+def register_schemas(schemas) -> None:
+    """Register the chain's node schemas with ONNX (once: a registered name is left alone)."""
+    for schema in schemas:
+        if not onnx.defs.has(schema.name, schema.domain):
+            onnx.defs.register_schema(schema)
+
+
+def floats(body, *names: str) -> list[str]:
+    """``names`` cast to float32 in a function ``body`` (``lowering/onnx/functions._Body``)."""
+    return [body.op("Cast", n, to=TensorProto.FLOAT) for n in names]
+
+
+def concat_dims(body, *dims: str) -> str:
+    """A shape from 1-element int64 dims in a function ``body``."""
+    return body.op("Concat", *dims, axis=0)
+
+
 def step_function(steps: tuple[Step, ...], op_type: str, nodes, opset: int) -> onnx.FunctionProto:
     """The model-local function of step ``op_type``: its inputs, outputs and attributes as the
     chain declares them, ``nodes`` its body."""

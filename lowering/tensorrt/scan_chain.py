@@ -36,7 +36,14 @@ from ssmcc.kernels.triton import configs
 from ssmcc.lowering.onnx.functions import INT64_MAX, _Body, _dim, scan_value
 from ssmcc.lowering.onnx.functions_ssd import _int_attr_1d
 from ssmcc.lowering.onnx.schemas import _FLOAT_TYPES, DOMAIN, VERSION, _schema
-from ssmcc.lowering.tensorrt.chain_rewrite import NodeChain, replace_nodes, step_function
+from ssmcc.lowering.tensorrt.chain_rewrite import (
+    NodeChain,
+    concat_dims,
+    floats,
+    register_schemas,
+    replace_nodes,
+    step_function,
+)
 
 OPSET = 20
 # the chunk length the rewrite writes: the triton target's smallest chunk on a GPU
@@ -100,20 +107,10 @@ def _schemas() -> list[OpSchema]:
 
 
 def register_chain_schemas() -> None:
-    for schema in _schemas():
-        if not onnx.defs.has(schema.name, schema.domain):
-            onnx.defs.register_schema(schema)
+    register_schemas(_schemas())
 
 
 # ---- the model-local functions ------------------------------------------------------------
-
-
-def _floats(body: _Body, *names: str) -> list[str]:
-    return [body.op("Cast", n, to=TensorProto.FLOAT) for n in names]
-
-
-def _shape(body: _Body, *dims: str) -> str:
-    return body.op("Concat", *dims, axis=0)
 
 
 class _Chunks:
@@ -134,26 +131,31 @@ class _Chunks:
 def _positions(body: _Body, c: _Chunks, t: str, rank: int, tail) -> str:
     """A (b, ..., l) tensor zero-padded to K Q positions along its last axis and made
     position-major, (Q, b, K, *tail)."""
-    pads = _shape(body, body.const([0] * (2 * rank - 1)), body.op("Sub", c.padded, c.l))
+    pads = concat_dims(body, body.const([0] * (2 * rank - 1)), body.op("Sub", c.padded, c.l))
     padded = body.op("Pad", t, pads)
-    split = body.op("Reshape", padded, _shape(body, body.op("Shape", t, end=rank - 1), c.K, c.Q))
+    split = body.op(
+        "Reshape", padded, concat_dims(body, body.op("Shape", t, end=rank - 1), c.K, c.Q)
+    )
     perm = [rank, 0, rank - 1, *range(1, rank - 1)]  # (Q, b, K, middle axes)
-    return body.op("Reshape", body.op("Transpose", split, perm=perm), _shape(body, c.Q, c.b, c.K,
-                                                                             *tail))
+    return body.op(
+        "Reshape",
+        body.op("Transpose", split, perm=perm),
+        concat_dims(body, c.Q, c.b, c.K, *tail),
+    )
 
 
 def _steps(body: _Body, c: _Chunks, softplus: bool = True):
     """dt (b, d, l) with the bias and softplus, and the step inputs of the position Scan:
     dt and dt u as (Q, b, K, g, 1, d/g), B as (Q, b, K, g, n, 1), A as (g, n, d/g); dt is 0 on
     the padding."""
-    u, delta, A, B, bias = _floats(body, "u", "delta", "A", "B", "delta_bias")
+    u, delta, A, B, bias = floats(body, "u", "delta", "A", "B", "delta_bias")
     body.softplus_if("delta_softplus", body.op("Add", delta, body.op("Unsqueeze", bias,
                                                                      body.const([1]))), "dt")
     by_channel = (c.g, c.one, c.per_group)
     dt = _positions(body, c, "dt", 3, by_channel)
     dtu = _positions(body, c, body.op("Mul", "dt", u), 3, by_channel)
     B6 = _positions(body, c, B, 4, (c.g, c.n, c.one))
-    A3 = body.op("Transpose", body.op("Reshape", A, _shape(body, c.g, c.per_group, c.n)),
+    A3 = body.op("Transpose", body.op("Reshape", A, concat_dims(body, c.g, c.per_group, c.n)),
                  perm=[0, 2, 1])
     return u, A3, dt, dtu, B6
 
@@ -194,7 +196,7 @@ def _by_state(body: _Body, c: _Chunks, h: str, leading) -> str:
     """A (*leading, g, n, d/g) state as (*leading, n, d)."""
     rank = len(leading)
     perm = [*range(rank), rank + 1, rank, rank + 2]
-    return body.op("Reshape", body.op("Transpose", h, perm=perm), _shape(body, *leading, c.n,
+    return body.op("Reshape", body.op("Transpose", h, perm=perm), concat_dims(body, *leading, c.n,
                                                                           c.d))
 
 
@@ -203,7 +205,7 @@ def chunk_state_function() -> onnx.FunctionProto:
     c = _Chunks(body, "u", "A", "B")
     _, A3, dt, dtu, B6 = _steps(body, c)
     zeros = body.op(
-        "ConstantOfShape", _shape(body, c.b, c.K, c.g, c.n, c.per_group),
+        "ConstantOfShape", concat_dims(body, c.b, c.K, c.g, c.n, c.per_group),
         value=helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0]),
     )
     ends, _ = _position_scan(body, zeros, A3, dt, dtu, B6, None)
@@ -211,14 +213,14 @@ def chunk_state_function() -> onnx.FunctionProto:
         "Identity", [_by_state(body, c, ends, (c.b, c.K))], ["chunk_ends"]
     ))
     sums = body.op("ReduceSum", dt, body.const([0]), keepdims=0)  # (b, K, g, 1, d/g)
-    body.nodes.append(helper.make_node("Reshape", [sums, _shape(body, c.b, c.K, c.d)],
+    body.nodes.append(helper.make_node("Reshape", [sums, concat_dims(body, c.b, c.K, c.d)],
                                        ["dt_sums"]))
     return _function("SelectiveScanChunkState", body)
 
 
 def pass_states_function() -> onnx.FunctionProto:
     body = _Body("sc_ps")
-    A, h0 = _floats(body, "A", "initial_state")
+    A, h0 = floats(body, "A", "initial_state")
     # exp(A dt_sum_k) as (K, b, n, d), the chunks' ends likewise
     rate = body.op("Mul", body.op("Unsqueeze", "dt_sums", body.const([2])),
                    body.op("Transpose", A, perm=[1, 0]))
@@ -248,15 +250,15 @@ def chunk_scan_function() -> onnx.FunctionProto:
     body = _Body("sc_sc")
     c = _Chunks(body, "u", "A", "B")
     u, A3, dt, dtu, B6 = _steps(body, c)
-    C, D, z = _floats(body, "C", "D", "z")
+    C, D, z = floats(body, "C", "D", "z")
     C6 = _positions(body, c, C, 4, (c.g, c.one, c.n))  # (Q, b, K, g, 1, n)
-    starts = body.op("Reshape", "chunk_starts", _shape(body, c.b, c.K, c.n, c.g, c.per_group))
+    starts = body.op("Reshape", "chunk_starts", concat_dims(body, c.b, c.K, c.n, c.g, c.per_group))
     h0 = body.op("Transpose", starts, perm=[0, 1, 3, 2, 4])  # (b, K, g, n, d/g)
     h_last, _, ys = _position_scan(body, h0, A3, dt, dtu, B6, C6)
     # y (Q, b, K, d) -> (b, d, K Q) -> the first l positions
-    y = body.op("Transpose", body.op("Reshape", ys, _shape(body, c.Q, c.b, c.K, c.d)),
+    y = body.op("Transpose", body.op("Reshape", ys, concat_dims(body, c.Q, c.b, c.K, c.d)),
                 perm=[1, 3, 2, 0])
-    y = body.op("Reshape", y, _shape(body, c.b, c.d, c.padded))
+    y = body.op("Reshape", y, concat_dims(body, c.b, c.d, c.padded))
     y = body.op("Slice", y, body.const([0]), c.l, body.const([2]))
     y = body.op("Add", y, body.op("Mul", body.op("Unsqueeze", D, body.const([1])), u))
     body.gate_if("has_z", y, z, "y_gated")
@@ -264,7 +266,7 @@ def chunk_scan_function() -> onnx.FunctionProto:
     # the last chunk's end (b, 1, g, n, d/g) -> (b, d, n)
     last = body.op("Slice", h_last, body.const([-1]), body.const([INT64_MAX]), body.const([1]))
     last = body.op("Transpose", last, perm=[0, 1, 2, 4, 3])
-    body.nodes.append(helper.make_node("Reshape", [last, _shape(body, c.b, c.d, c.n)],
+    body.nodes.append(helper.make_node("Reshape", [last, concat_dims(body, c.b, c.d, c.n)],
                                        ["last_state"]))
     return _function("SelectiveScanChunkScan", body)
 

@@ -34,7 +34,14 @@ from ssmcc.kernels.triton import configs
 from ssmcc.lowering.onnx.functions import _Body, _dim, scan_value
 from ssmcc.lowering.onnx.functions_ssd import _float_attr, _int_attr_1d
 from ssmcc.lowering.onnx.schemas import _FLOAT_TYPES, DOMAIN, VERSION, _schema
-from ssmcc.lowering.tensorrt.chain_rewrite import NodeChain, replace_nodes, step_function
+from ssmcc.lowering.tensorrt.chain_rewrite import (
+    NodeChain,
+    concat_dims,
+    floats,
+    register_schemas,
+    replace_nodes,
+    step_function,
+)
 
 OPSET = 20
 CHUNK = configs.SSD_GPU.chunk  # the chunk length the rewrite writes (the GPU's)
@@ -93,16 +100,10 @@ def _schemas() -> list[OpSchema]:
 
 
 def register_chain_schemas() -> None:
-    for schema in _schemas():
-        if not onnx.defs.has(schema.name, schema.domain):
-            onnx.defs.register_schema(schema)
+    register_schemas(_schemas())
 
 
 # ---- the model-local functions ------------------------------------------------------------
-
-
-def _floats(body: _Body, *names: str) -> list[str]:
-    return [body.op("Cast", n, to=TensorProto.FLOAT) for n in names]
 
 
 def _padded(body: _Body, t: str, rank: int, length: str, padded: str) -> str:
@@ -124,10 +125,6 @@ def _chunking(body: _Body, t: str) -> tuple[str, str, str, str]:
     return length, chunk, chunks, body.op("Mul", chunks, chunk)
 
 
-def _shape(body: _Body, *dims: str) -> str:
-    return body.op("Concat", *dims, axis=0)
-
-
 def _last_position(body: _Body, a: str, chunk: str) -> str:
     """a[..., Q-1:Q] of a (b, h, K, Q) tensor."""
     return body.op("Slice", a, body.op("Sub", chunk, body.const([1])), chunk, body.const([3]))
@@ -139,13 +136,13 @@ def _function(op_type: str, body: _Body) -> onnx.FunctionProto:
 
 def chunk_cumsum_function() -> onnx.FunctionProto:
     body = _Body("cc")
-    dt, A, bias = _floats(body, "dt", "A", "dt_bias")
+    dt, A, bias = floats(body, "dt", "A", "dt_bias")
     body.softplus_if("dt_softplus", body.op("Add", dt, bias), "dt_soft")
     step = body.op("Clip", "dt_soft", _float_attr(body, "dt_min"), _float_attr(body, "dt_max"))
     length, chunk, chunks, padded = _chunking(body, "dt")
     b, h = _dim(body, "dt", 0), _dim(body, "dt", 2)
     step = _padded(body, step, 3, length, padded)
-    step = body.op("Reshape", step, _shape(body, b, chunks, chunk, h))
+    step = body.op("Reshape", step, concat_dims(body, b, chunks, chunk, h))
     body.nodes.append(helper.make_node("Transpose", [step], ["dt_chunks"], perm=[0, 3, 1, 2]))
     decay = body.op("Mul", "dt_chunks", body.op("Unsqueeze", A, body.const([1, 2])))
     body.nodes.append(helper.make_node("CumSum", [decay, body.const([3])], ["dA_cumsum"]))
@@ -155,12 +152,12 @@ def chunk_cumsum_function() -> onnx.FunctionProto:
 def _by_head(body: _Body, t: str, chunks, chunk, b, g, per_group, tail):
     """A padded (b, K Q, h, tail...) or (b, K Q, g, tail...) tensor as (b, K, Q, g, h/g or 1,
     tail)."""
-    return body.op("Reshape", t, _shape(body, b, chunks, chunk, g, per_group, *tail))
+    return body.op("Reshape", t, concat_dims(body, b, chunks, chunk, g, per_group, *tail))
 
 
 def chunk_state_function() -> onnx.FunctionProto:
     body = _Body("cs")
-    x, B = _floats(body, "x", "B")
+    x, B = floats(body, "x", "B")
     length, chunk, chunks, padded = _chunking(body, "x")
     b, h, p = _dim(body, "x", 0), _dim(body, "x", 2), _dim(body, "x", 3)
     g, n, one = _dim(body, "B", 2), _dim(body, "B", 3), body.const([1])
@@ -173,7 +170,7 @@ def chunk_state_function() -> onnx.FunctionProto:
     weight = body.op(
         "Reshape",
         body.op("Transpose", weight, perm=[0, 2, 1, 3]),
-        _shape(body, b, chunks, g, per_group, chunk, one),
+        concat_dims(body, b, chunks, g, per_group, chunk, one),
     )
     x6 = _by_head(body, _padded(body, x, 4, length, padded), chunks, chunk, b, g, per_group, [p])
     B6 = _by_head(body, _padded(body, B, 4, length, padded), chunks, chunk, b, g, one, [n])
@@ -181,7 +178,9 @@ def chunk_state_function() -> onnx.FunctionProto:
     Bw = body.op("Mul", body.op("Transpose", B6, perm=[0, 1, 3, 4, 2, 5]), weight)  # (.., Q, n)
     states = body.op("MatMul", xT, Bw)
     body.nodes.append(
-        helper.make_node("Reshape", [states, _shape(body, b, chunks, h, p, n)], ["chunk_states"])
+        helper.make_node(
+            "Reshape", [states, concat_dims(body, b, chunks, h, p, n)], ["chunk_states"]
+        )
     )
     return _function("SsdChunkState", body)
 
@@ -192,7 +191,7 @@ def state_passing_function() -> onnx.FunctionProto:
     decay = body.op("Exp", _last_position(body, "dA_cumsum", chunk))  # (b, h, K, 1)
     decay = body.op("Unsqueeze", body.op("Transpose", decay, perm=[2, 0, 1, 3]), body.const([4]))
     states = body.op("Transpose", "chunk_states", perm=[1, 0, 2, 3, 4])  # (K, b, h, p, n)
-    (h0,) = _floats(body, "initial_state")
+    (h0,) = floats(body, "initial_state")
     step = helper.make_graph(
         [
             helper.make_node("Identity", ["h_prev"], ["h_start"]),
@@ -217,10 +216,10 @@ def state_passing_function() -> onnx.FunctionProto:
 
 def bmm_function() -> onnx.FunctionProto:
     body = _Body("bm")
-    C, B = _floats(body, "C", "B")
+    C, B = floats(body, "C", "B")
     length, chunk, chunks, padded = _chunking(body, "C")
     b, g, n = _dim(body, "C", 0), _dim(body, "C", 2), _dim(body, "C", 3)
-    grouped = _shape(body, b, chunks, chunk, g, n)
+    grouped = concat_dims(body, b, chunks, chunk, g, n)
     by_chunk = lambda t: body.op(  # noqa: E731  (b, K, g, Q, n)
         "Transpose",
         body.op("Reshape", _padded(body, t, 4, length, padded), grouped),
@@ -233,7 +232,7 @@ def bmm_function() -> onnx.FunctionProto:
 
 def chunk_scan_function() -> onnx.FunctionProto:
     body = _Body("sc")
-    x, z, C, D = _floats(body, "x", "z", "C", "D")
+    x, z, C, D = floats(body, "x", "z", "C", "D")
     length, chunk, chunks, padded = _chunking(body, "x")
     b, h, p = _dim(body, "x", 0), _dim(body, "x", 2), _dim(body, "x", 3)
     g, n, one = _dim(body, "C", 2), _dim(body, "C", 3), body.const([1])
@@ -243,9 +242,9 @@ def chunk_scan_function() -> onnx.FunctionProto:
     # from the state entering the chunk: exp(a_m) C_m h_in^T
     C6 = _by_head(body, _padded(body, C, 4, length, padded), chunks, chunk, b, g, one, [n])
     C6 = body.op("Transpose", C6, perm=[0, 1, 3, 4, 2, 5])  # (b, K, g, 1, Q, n)
-    starts = body.op("Reshape", "chunk_starts", _shape(body, b, chunks, g, per_group, p, n))
+    starts = body.op("Reshape", "chunk_starts", concat_dims(body, b, chunks, g, per_group, p, n))
     starts = body.op("Transpose", starts, perm=[0, 1, 2, 3, 5, 4])  # (b, K, g, h/g, n, p)
-    grouped = _shape(body, b, chunks, g, per_group, chunk, one)
+    grouped = concat_dims(body, b, chunks, g, per_group, chunk, one)
     y = body.op(
         "Mul", body.op("MatMul", C6, starts), body.op("Exp", body.op("Reshape", a, grouped))
     )
@@ -267,14 +266,14 @@ def chunk_scan_function() -> onnx.FunctionProto:
     zero = body.op("Constant", value=helper.make_tensor("zero_f", TensorProto.FLOAT, [], [0.0]))
     L = body.op("Mul", body.op("Where", causal, body.op("Exp", diff), zero),
                 body.op("Unsqueeze", dt, body.const([3])))  # (b, K, h, Q, Q)
-    L = body.op("Reshape", L, _shape(body, b, chunks, g, per_group, chunk, chunk))
+    L = body.op("Reshape", L, concat_dims(body, b, chunks, g, per_group, chunk, chunk))
     weights = body.op("Mul", L, body.op("Unsqueeze", "CB", body.const([3])))
     x6 = _by_head(body, _padded(body, x, 4, length, padded), chunks, chunk, b, g, per_group, [p])
     x6 = body.op("Transpose", x6, perm=[0, 1, 3, 4, 2, 5])  # (b, K, g, h/g, Q, p)
     y = body.op("Add", y, body.op("MatMul", weights, x6))
-    y = body.op("Transpose", body.op("Reshape", y, _shape(body, b, chunks, h, chunk, p)),
+    y = body.op("Transpose", body.op("Reshape", y, concat_dims(body, b, chunks, h, chunk, p)),
                 perm=[0, 1, 3, 2, 4])
-    y = body.op("Reshape", y, _shape(body, b, padded, h, p))
+    y = body.op("Reshape", y, concat_dims(body, b, padded, h, p))
     y = body.op("Slice", y, body.const([0]), length, body.const([1]))
     y = body.op("Add", y, body.op("Mul", D, x))
     body.gate_if("has_z", y, z, "y_gated")
