@@ -22,3 +22,17 @@ def token_feeds(model: onnx.ModelProto, batch: int, length: int, vocab: int, see
         else:
             feeds[value.name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
     return feeds
+
+
+def random_feeds(model: onnx.ModelProto, length: int, seed: int) -> dict:
+    """Standard-normal float32 inputs for every graph input, each named (symbolic) dim set to
+    ``length``, and ``A`` (a scan's decay) made negative."""
+    rng = np.random.default_rng(seed)
+    feeds = {
+        v.name: rng.standard_normal(
+            [length if d.dim_param else d.dim_value for d in v.type.tensor_type.shape.dim]
+        ).astype(np.float32)
+        for v in model.graph.input
+    }
+    feeds["A"] = -np.abs(feeds["A"])
+    return feeds

@@ -25,6 +25,7 @@ from ssmcc.lowering.tensorrt.scan_chain import CHAIN, split_selective_scans  # n
 from ssmcc.lowering.tensorrt.specs import CHAINS, FLOAT32, SPECS  # noqa: E402
 from ssmcc.ops import SSMCC_OPS, selective_scan_ref  # noqa: E402
 from tests.fuzzing import TOLERANCES  # noqa: E402
+from tests.graph_feeds import random_feeds  # noqa: E402
 
 SCAN_INPUTS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state")
 
@@ -212,14 +213,7 @@ def test_the_chains_onnx_bodies_compute_the_scan(length):
     import onnxruntime as ort
 
     model = _scan_model()
-    rng = np.random.default_rng(length)
-    feeds = {
-        v.name: rng.standard_normal(
-            [length if d.dim_param else d.dim_value for d in v.type.tensor_type.shape.dim]
-        ).astype(np.float32)
-        for v in model.graph.input
-    }
-    feeds["A"] = -np.abs(feeds["A"])
+    feeds = random_feeds(model, length, seed=length)
     expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
     assert split_selective_scans(model, chunk=16) == 1
     onnx.checker.check_model(model, full_check=True)

@@ -25,6 +25,7 @@ from ssmcc.lowering.tensorrt.specs import CHAINS, FLOAT32, SPECS  # noqa: E402
 from ssmcc.lowering.tensorrt.ssd_chain import CHAIN, split_ssd_scans  # noqa: E402
 from ssmcc.ops import SSMCC_OPS, ssd_scan_ref  # noqa: E402
 from tests.fuzzing import TOLERANCES  # noqa: E402
+from tests.graph_feeds import random_feeds  # noqa: E402
 
 SCAN_INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_state")
 
@@ -214,14 +215,7 @@ def test_the_chains_onnx_bodies_compute_the_scans(length):
     import onnxruntime as ort
 
     model = _scan_model()
-    rng = np.random.default_rng(length)
-    feeds = {
-        v.name: rng.standard_normal(
-            [length if d.dim_param else d.dim_value for d in v.type.tensor_type.shape.dim]
-        ).astype(np.float32)
-        for v in model.graph.input
-    }
-    feeds["A"] = -np.abs(feeds["A"])
+    feeds = random_feeds(model, length, seed=length)
     expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
     assert split_ssd_scans(model, chunk=16) == 1
     onnx.checker.check_model(model, full_check=True)
