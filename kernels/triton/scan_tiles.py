@@ -22,6 +22,8 @@ coalescing left to chance. ``unit_axis`` picks ``UNIT`` from the strides.
 a block of channels (grouped: channel c reads group ``c // per_group``): one tile broadcast over
 the block when its channels share a group, else one per channel.
 
+``load_inputs_tile``: a tile of u and of the discretisation step dt = softplus?(delta + bias).
+
 ``linear_recurrence(a, b, h0, BLOCK_L)``: every ``h_t = a_t h_{t-1} + b_t`` down axis 0 of
 (a, b) from ``h0``, by ``tl.associative_scan`` over the pairs with ``(a1, b1) then (a2, b2) =
 (a1 a2, a2 b1 + b2)``, and the last state. A position with ``a = 1, b = 0`` (masked) keeps the
@@ -93,6 +95,19 @@ def load_group_tile(ptr, offsets, groups, mask_l, mask_n, mask_d, SHARED: tl.con
         gather = tl.where(mask, offsets[:, :, None] + groups[None, None, :], 0)
         tile = tl.load(ptr + gather, mask=mask, other=0.0)
     return tile.to(tl.float32)
+
+
+@triton.jit
+def load_inputs_tile(u_ptrs, dt_ptrs, bias, mask, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
+    """The [BLOCK_L, BLOCK_D] tiles of u and of dt = softplus?(delta + bias) in float32, dt 0
+    outside ``mask`` (a masked position then leaves the state as it is)."""
+    u = tl.load(u_ptrs, mask=mask, other=0.0).to(tl.float32)
+    dt = tl.load(dt_ptrs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        dt = dt + bias[None, :]
+    if SOFTPLUS:
+        dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(dt)), dt)
+    return u, tl.where(mask, dt, 0.0)
 
 
 @triton.jit

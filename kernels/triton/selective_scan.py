@@ -92,6 +92,8 @@ def _selective_scan_chunk_state_kernel(
     A = A.to(tl.float32) * LOG2E  # [n, d]
     if HAS_BIAS:
         bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0).to(tl.float32)
+    else:
+        bias = tl.zeros((BLOCK_D,), dtype=tl.float32)  # not read (HAS_BIAS)
     u_offs, s_ul = scan_tiles.tile_offsets(d, s_ul, s_ud, X_UNIT, BLOCK_L)
     dt_offs, s_dl = scan_tiles.tile_offsets(d, s_dl, s_dd, X_UNIT, BLOCK_L)
     b_offs, b_groups, s_bl = scan_tiles.group_tile_offsets(
@@ -108,13 +110,9 @@ def _selective_scan_chunk_state_kernel(
     for start in range(t0, t1, BLOCK_L):
         mask_l = start + tl.arange(0, BLOCK_L) < t1
         mask_x = mask_l[:, None] & mask_d[None, :]
-        u = tl.load(u_ptr + u_offs, mask=mask_x, other=0.0).to(tl.float32)
-        dt = tl.load(delta_ptr + dt_offs, mask=mask_x, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            dt = dt + bias[None, :]
-        if SOFTPLUS:
-            dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(dt)), dt)
-        dt = tl.where(mask_x, dt, 0.0)  # [l, d]
+        u, dt = scan_tiles.load_inputs_tile(
+            u_ptr + u_offs, delta_ptr + dt_offs, bias, mask_x, HAS_BIAS, SOFTPLUS
+        )
         Bt = scan_tiles.load_group_tile(
             B_ptr, b_offs, b_groups, mask_l, mask_n, mask_d, BC_SHARED
         )
@@ -201,6 +199,8 @@ def _selective_scan_chunk_scan_kernel(
         skip = tl.load(D_ptr + d, mask=mask_d, other=0.0).to(tl.float32)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0).to(tl.float32)
+    else:
+        bias = tl.zeros((BLOCK_D,), dtype=tl.float32)  # not read (HAS_BIAS)
     u_offs, s_ul = scan_tiles.tile_offsets(d, s_ul, s_ud, X_UNIT, BLOCK_L)
     dt_offs, s_dl = scan_tiles.tile_offsets(d, s_dl, s_dd, X_UNIT, BLOCK_L)
     z_offs, s_zl = scan_tiles.tile_offsets(d, s_zl, s_zd, X_UNIT, BLOCK_L)
@@ -224,13 +224,9 @@ def _selective_scan_chunk_scan_kernel(
     for start in range(t0, t1, BLOCK_L):
         mask_l = start + tl.arange(0, BLOCK_L) < t1
         mask_x = mask_l[:, None] & mask_d[None, :]
-        u = tl.load(u_ptr + u_offs, mask=mask_x, other=0.0).to(tl.float32)
-        dt = tl.load(delta_ptr + dt_offs, mask=mask_x, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            dt = dt + bias[None, :]
-        if SOFTPLUS:
-            dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(dt)), dt)
-        dt = tl.where(mask_x, dt, 0.0)  # [l, d]
+        u, dt = scan_tiles.load_inputs_tile(
+            u_ptr + u_offs, delta_ptr + dt_offs, bias, mask_x, HAS_BIAS, SOFTPLUS
+        )
         Bt = scan_tiles.load_group_tile(
             B_ptr, b_offs, b_groups, mask_l, mask_n, mask_d, BC_SHARED
         )
