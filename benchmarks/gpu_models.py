@@ -14,6 +14,8 @@ extensions gets):
                  HF: ``logits_to_keep=1``)
     decode_ms    per generated token, batch 1, 64 tokens after a 32-token prompt:
                  (generate(64) - generate(1)) / 63
+    decode_path  "cuda graph" where the decode replays one graph per token, else "eager: <why>"
+                 (``decode_refusal``: e.g. the CPU under ``--dry``, Jamba's separate step ops)
     contenders   the same two figures, per row, for
                    hf-eager     the HF model's forward / ``generate``
                    hf-compiled  the same with ``model.forward = torch.compile(model.forward,
@@ -174,6 +176,8 @@ def check_model(name: str, device: torch.device, dry: bool) -> dict:
     row["decode_ms"] = _per_token_ms(
         lambda n: compiled.generate(prompt, n), device, prompts["decode"], prompts["repeats"]
     )
+    refusal = compiled.executable.decode_refusal(prompt.shape[0])
+    row["decode_path"] = "cuda graph" if refusal is None else f"eager: {refusal}"
     try:
         row["contenders"] = {"hf-eager": measured(**_hf_figures(model, device, prompts))}
     except Exception as error:  # reported, never counted as beaten
@@ -249,7 +253,7 @@ def _print_row(row: dict) -> None:
         f"compile {_fmt(row.get('compile_s'), '.1f')} s "
         f"first {_fmt(row.get('first_call_s'), '.1f')} s | "
         f"prefill {_fmt(row.get('prefill_ms'))} ms | decode {_fmt(row.get('decode_ms'))} ms/tok "
-        f"{row.get('error', '')}",
+        f"({row.get('decode_path', '-')[:40]}) {row.get('error', '')}",
         flush=True,
     )
     for name, entry in row.get("contenders", {}).items():

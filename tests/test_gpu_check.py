@@ -109,6 +109,7 @@ def test_gpu_models_dry_run(tmp_path):
         # Dry-run timings are a few interpreted tokens on a loaded CPU: the per-token difference
         # can come out negative, so only their presence is checked.
         assert row["prefill_ms"] > 0 and isinstance(row["decode_ms"], float)
+        assert row["decode_path"].startswith("eager: the program runs on the CPU")
         eager, compiled = row["contenders"]["hf-eager"], row["contenders"]["hf-compiled"]
         assert eager["status"] == compiled["status"] == "measured", row["contenders"]
         assert compiled["how"] == "torch.compile(model.forward, backend='eager')"

@@ -6,13 +6,16 @@ the same static buffers, pools and workspaces), the kernels run in Triton's inte
 a padded bucket, ragged prompts, end-of-sequence ids), rows read and write only their own slots
 of the pools, sampling on the device gives the same tokens for the same seed, slots come back
 when a generation ends or is abandoned, a second generation meanwhile decodes eagerly, and the
-paths that must decode eagerly say why (``cuda_graphs=False``, the CPU, the unfused pipeline,
-K/V caches).
+paths that must decode eagerly say why (``cuda_graphs=False``, the CPU, reference kernels, a
+state read by an op that takes no slot indices). Hybrids decode over fixed-capacity K/V pools:
+the eager tokens (every family), ragged prompts in one batch, other slots untouched, the
+capacity growing; the separate conv and scan steps (``pipeline="unfused"``, Jamba, Zamba) too.
 """
 
 from __future__ import annotations
 
 import functools
+import operator
 
 import pytest
 import torch
@@ -157,27 +160,112 @@ def test_which_programs_decode_eagerly_and_why():
     off = ssmcc.compile(model, target="triton", interpret=True, cuda_graphs=False)
     off.executable.use_capture(DirectCall())
     assert "cuda_graphs=False" in off.executable.decode_refusal(1)
+    reference = ssmcc.compile(model, target="triton", interpret=True, kernels="reference")
+    reference.executable.use_capture(DirectCall())
+    assert "kernels='reference'" in reference.executable.decode_refusal(1)
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    # the separate conv and scan step ops take slot indices too
     unfused = ssmcc.compile(model, target="triton", interpret=True, pipeline="unfused")
     unfused.executable.use_capture(DirectCall())
-    why = unfused.executable.decode_refusal(1)
-    assert "state layers.0.conv_state is read by causal_conv1d_update" in why, why
-    ids = torch.tensor([[1, 2, 3]])
+    assert unfused.executable.decode_refusal(2) is None
     assert torch.equal(unfused.generate(ids, 3), off.generate(ids, 3))
 
 
+def _program(also_read: bool):
+    """A step program (ids, state) -> (logits, new state) as the lowering leaves it (shapes
+    recorded); ``also_read``: an ATen op reads the state too."""
+    from ssmcc.kernels.triton.causal_conv1d import causal_conv1d_update_fwd
+
+    graph = torch.fx.Graph()
+    ids, state = graph.placeholder("input_ids"), graph.placeholder("states_0")
+    weight = graph.get_attr("weight")
+    x = graph.call_function(torch.ops.aten.mul.Tensor, (ids, 1.0))
+    if also_read:
+        graph.call_function(torch.ops.aten.mul.Tensor, (state, 2.0))
+    call = graph.call_function(causal_conv1d_update_fwd, (x, state, weight))
+    out = graph.call_function(operator.getitem, (call, 0))
+    new = graph.call_function(operator.getitem, (call, 1))
+    out.meta["val"] = torch.empty(1, 4)
+    graph.output((out, new))
+    root = torch.nn.Module()
+    root.weight = torch.nn.Parameter(torch.ones(4, 3))
+    return torch.fx.GraphModule(root, graph)
+
+
+def test_a_state_read_by_anything_else_is_refused_naming_it():
+    from ssmcc.lowering.triton.pooled_step import StepRefusal, pool_step
+    from ssmcc.ops.contracts import StateSpec
+
+    specs = [StateSpec("layers.0.conv_state", "conv_state", (4, 2))]
+    pooled = pool_step(_program(also_read=False), specs, "cpu")
+    assert [n.name for n in pooled.module.graph.nodes if n.op == "placeholder"] == [
+        "input_ids", "state_indices", "lengths", "pool_0"
+    ]
+
+    with pytest.raises(StepRefusal, match=r"state layers.0.conv_state is read by mul_tensor_1, not by"):
+        pool_step(_program(also_read=True), specs, "cpu")
+
+
+def test_hybrids_decode_over_kv_pools_as_the_eager_loop():
+    """Bamba (Mamba-2, attention with RoPE: positions, K/V caches, fused SSD steps) through the
+    pools: the eager tokens for a padded bucket and for ragged prompts (one batch here, row by
+    row eagerly); each slot's length is its prompt plus the steps it took; slots of other
+    sequences (K/V pools, counts, lengths) are bitwise untouched; a longer generation grows the
+    capacity and drops the graphs over the old pools."""
+    model = build_preset("bamba-tiny").eval()
+    triton = ssmcc.compile(model, target="triton", interpret=True)
+    ids = _ids(model.config.vocab_size, (3, 5), 8)
+    eager = _generate(triton, None, ids, NEW)
+    triton.executable.use_capture(DirectCall())
+    assert triton.executable.decode_refusal(3) is None
+    decoder = triton.executable._graph_decoder()[0]
+    decoder.reserve(8)
+    taken = decoder.slots.acquire(5)
+    decoder.slots.release([1, 3])
+    others = [0, 2, 4]
+    seeded = torch.Generator().manual_seed(4)
+    for pool in decoder.pools:
+        pool[others] = torch.randint(0, 9, pool[others].shape, generator=seeded).to(pool.dtype)
+    decoder.lengths[others] = torch.tensor([7, 9, 11], dtype=torch.int32)
+    before = [pool[others].clone() for pool in decoder.pools]
+    assert torch.equal(triton.generate(ids, NEW), eager)
+    assert all(torch.equal(p[others], b) for p, b in zip(decoder.pools, before, strict=True))
+    assert decoder.lengths.tolist() == [7, 5 + NEW - 1, 9, 5 + NEW - 1, 11, 5 + NEW - 1, 0, 0]
+    decoder.slots.release([s for s in taken if s not in (1, 3)])
+    prompts = [[5, 6, 7], list(range(20, 24)), [9]]
+    eager = _generate(triton, None, prompts, NEW)
+    static = _generate(triton, DirectCall(), prompts, NEW)
+    assert all(torch.equal(a, b) for a, b in zip(static, eager, strict=True))
+    decoder = triton.executable._graph_decoder()[0]  # a new capture: a new decoder
+    assert decoder.lengths[:3].tolist() == [3 + NEW - 1, 4 + NEW - 1, 1 + NEW - 1]
+    assert decoder.capacity == 256 and decoder.programs
+    decoder.reserve(4, 300)
+    assert decoder.capacity == 512 and not decoder.programs
+    grown = zip(decoder.pools, decoder.specs, strict=True)
+    assert {pool.shape[2] for pool, spec in grown if spec.grows} == {512}
+
+
 @pytest.mark.slow
-def test_hybrids_with_kv_caches_decode_eagerly_saying_why():
+@pytest.mark.parametrize(
+    "name",
+    ["granite-hybrid-tiny", "nemotron-h-tiny", "zamba2-tiny", "falcon-h1-tiny", "jamba-tiny",
+     "zamba-tiny"],
+)
+def test_every_hybrid_decodes_over_the_pools(name):
+    """Every hybrid family: MoE, shared blocks, parallel attention and Mamba-2, and the Mamba-1
+    layers of Jamba and Zamba with separate conv and scan steps."""
     from .test_hybrids import hybrid
 
-    compiled = ssmcc.compile(hybrid("granite-hybrid-tiny"), target="triton", interpret=True)
+    compiled = ssmcc.compile(hybrid(name), target="triton", interpret=True)
+    ids = _ids(compiled.vocab_size, (2, 4), 3)
+    eager = _generate(compiled, None, ids, NEW)
     compiled.executable.use_capture(DirectCall())
-    why = compiled.executable.decode_refusal(2)
-    assert "K/V caches (layers." in why and "fixed-capacity" in why
-    assert compiled.generate(torch.tensor([[1, 2, 3]]), 2).shape == (1, 5)
+    assert compiled.executable.decode_refusal(2) is None
+    assert torch.equal(compiled.generate(ids, NEW), eager)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("name", ["mamba-tiny", "mamba2-tiny"])
+@pytest.mark.parametrize("name", ["mamba-tiny", "mamba2-tiny", "bamba-tiny"])
 def test_on_a_gpu_the_graphs_give_the_eager_tokens_and_replay_without_syncing(name):
     """The real capture: greedy tokens equal the eager path's (batch 3: a padded bucket), a
     seed repeats, and a replay makes no synchronising CUDA call (torch's sync debug mode)."""

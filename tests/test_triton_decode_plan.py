@@ -1,8 +1,8 @@
 """The captured decode's bookkeeping on the CPU, with no capture
 (``lowering/triton/decode_plan.py``, ``device_sampling.py``): bucket choice, padding a batch to
-its bucket, slot assignment and release, capacity errors, the state pools' sizes, the static
-buffers' layout, which decode path a generation takes, and the device sampler against the eager
-loop's filters and distribution."""
+its bucket, slot assignment and release, capacity errors, the state pools' sizes (K/V caches at
+a fixed capacity), the static buffers' layout, which decode path a generation takes, and the
+device sampler against the eager loop's filters and distribution."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ pytest.importorskip("triton", reason='Triton is an optional extra: pip install "
 
 from ssmcc.lowering.triton import decode_plan as plan  # noqa: E402
 from ssmcc.lowering.triton import device_sampling as ds  # noqa: E402
-from ssmcc.lowering.triton.pooled_step import kv_refusal  # noqa: E402
 
 SPECS = (
     StateSpec("layers.0.conv_state", "conv_state", (24, 3)),
@@ -74,10 +73,38 @@ def test_the_pools_hold_every_state_per_slot():
         ("layers.0.conv_state", (8, 24, 3), torch.float32),
         ("layers.0.ssm_state", (8, 4, 6, 16), torch.float32),
     ]
-    assert layout.nbytes == 8 * 4 * (24 * 3 + 4 * 6 * 16)
-    pools = layout.allocate("cpu")
+    assert layout.nbytes == 8 * 4 * (24 * 3 + 4 * 6 * 16) + 8 * 4  # + the lengths
+    pools, lengths = layout.allocate("cpu")
     assert [tuple(p.shape) for p in pools] == [(8, 24, 3), (8, 4, 6, 16)]
     assert all(not p.any() for p in pools)
+    assert lengths.dtype == torch.int32 and lengths.tolist() == [0] * 8
+
+
+def test_kv_caches_get_a_fixed_capacity_in_their_pools():
+    """The growing axis (positions) of a K/V cache is ``capacity`` long in its pool; the other
+    states keep their shapes; the dtype is the spec's."""
+    kv = (
+        StateSpec("position", "position", (1,), "int64"),
+        *SPECS,
+        StateSpec("layers.1.key", "key", (2, 0, 8), "bfloat16", grows=(1,)),
+        StateSpec("layers.1.value", "value", (2, 0, 5), "bfloat16", grows=(1,)),
+    )
+    layout = plan.PoolLayout(kv, 4, capacity=512)
+    shapes = {name: (shape, dtype) for name, shape, dtype in layout.shapes}
+    assert shapes["position"] == ((4, 1), torch.int64)
+    assert shapes["layers.1.key"] == ((4, 2, 512, 8), torch.bfloat16)
+    assert shapes["layers.1.value"] == ((4, 2, 512, 5), torch.bfloat16)
+    assert shapes["layers.0.conv_state"] == ((4, 24, 3), torch.float32)
+    kv_bytes = 4 * 2 * 512 * (8 + 5) * 2
+    assert layout.nbytes == plan.PoolLayout(SPECS, 4).nbytes + 4 * 8 + kv_bytes
+
+
+@pytest.mark.parametrize(
+    "positions, capacity",
+    [(0, 256), (1, 256), (256, 256), (257, 512), (1000, 1024), (1024, 1024), (1025, 2048)],
+)
+def test_the_capacity_is_a_power_of_two_holding_the_positions(positions, capacity):
+    assert plan.capacity_for(positions) == capacity
 
 
 @pytest.mark.parametrize("mode", [ds.GREEDY, ds.SAMPLE, ds.FILTER])
@@ -121,14 +148,6 @@ def test_which_path_a_generation_takes():
     assert "batch of 65 rows is above the largest captured bucket, 64" in _refusal(batch=65)
     # the first reason wins, in the order the docstring gives
     assert "cuda_graphs=False" in _refusal(cuda_graphs=False, kernels="reference", batch=99)
-
-
-def test_growing_caches_are_refused_naming_them_and_what_is_missing():
-    assert kv_refusal(SPECS) is None
-    kv = (*SPECS, StateSpec("layers.1.key", "key", (2, 0, 8), grows=(1,)))
-    why = kv_refusal(kv)
-    assert "layers.1.key" in why and "fixed-capacity K/V pools" in why
-    assert "reading each row's length on the device" in why
 
 
 @pytest.mark.parametrize(

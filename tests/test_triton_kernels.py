@@ -80,14 +80,15 @@ def test_every_op_has_a_triton_kernel():
 
 
 def test_every_kernel_has_a_grid_rule():
-    """The launchers' kernels and the TensorRT plugins' (``plugin_kernels.py``)."""
+    """The launchers' kernels, the captured decode's (``kv_pool.py``) and the TensorRT plugins'
+    (``plugin_kernels.py``)."""
     from triton.runtime.jit import JITFunction
 
-    from ssmcc.kernels.triton import plugin_kernels
+    from ssmcc.kernels.triton import kv_pool, plugin_kernels
 
     kernels = set()
     modules = [inspect.getmodule(launcher) for launcher in TRITON_KERNELS.values()]
-    for module in [*modules, plugin_kernels]:
+    for module in [*modules, kv_pool, plugin_kernels]:
         kernels |= {n for n, v in vars(module).items() if isinstance(v, JITFunction)}
     assert kernels == set(catalog.GRID_RULES)
 

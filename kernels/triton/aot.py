@@ -177,14 +177,15 @@ def _compile(spec: Specialization, arch: int, kernels: dict):
 
 def _jit_functions() -> dict:
     """Every ``@triton.jit`` kernel of kernels/triton, by name (compiled, not interpreted): the
-    launchers' and the TensorRT plugins' (``plugin_kernels.py``)."""
+    launchers', the captured decode's (``kv_pool.py``) and the TensorRT plugins'
+    (``plugin_kernels.py``)."""
     from triton.runtime.jit import JITFunction
 
-    from ssmcc.kernels.triton import plugin_kernels, registry
+    from ssmcc.kernels.triton import kv_pool, plugin_kernels, registry
 
     found = {}
     modules = [__import__(f.__module__, fromlist=["_"]) for f in registry.TRITON_KERNELS.values()]
-    for module in [*modules, plugin_kernels]:
+    for module in [*modules, kv_pool, plugin_kernels]:
         for name, value in vars(module).items():
             if name.endswith("_kernel") and not isinstance(value, JITFunction):
                 raise OptionError(

@@ -63,6 +63,13 @@ GRID_RULES = {
     "_attention_split_kernel": "(batch * kv_heads * cdiv(heads / kv_heads * length, BLOCK_M), "
     "cdiv(past + length, split_len))",
     "_attention_combine_kernel": "(batch * heads, length)",
+    # the captured decode's attention over K/V pools (kv_pool.py): S slots of C positions;
+    # split_len is a run-time argument (attention.py's split_keys over C)
+    "_kv_pool_write_kernel": "(batch, kv_heads)",
+    "_kv_pool_split_kernel": "(batch * kv_heads * cdiv(heads / kv_heads, BLOCK_M), "
+    "cdiv(capacity, split_len))",
+    "_kv_pool_combine_kernel": "(batch * heads,)",
+    "_count_kernel": "(cdiv(rows, BLOCK),)",
     "_moe_up_kernel": "(tokens * top_k, cdiv(width, BLOCK_W))",
     "_moe_down_kernel": "(tokens, cdiv(dim, BLOCK_D))",
     # the grouped GEMM: tiles = min(tokens * top_k, cdiv(tokens * top_k, BLOCK_M) + experts),

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from ssmcc.kernels.triton import activations, configs
 from ssmcc.kernels.triton.runtime import launch, next_power_of_2
+from ssmcc.kernels.triton.slots import check_pool
 from ssmcc.ops.activations import activation_code
 
 
@@ -86,29 +87,36 @@ def _causal_conv1d_final_state_kernel(
 
 @triton.jit
 def _causal_conv1d_update_kernel(
-    x_ptr, state_ptr, w_ptr, bias_ptr, out_ptr, new_ptr,
+    x_ptr, state_ptr, w_ptr, bias_ptr, out_ptr, new_ptr, slots_ptr,
     dim,
     s_xb, s_xd, s_sb, s_sd, s_sk, s_wd, s_wk, s_ob, s_od, s_nb, s_nd, s_nk,
     WIDTH: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ACTIVATION: tl.constexpr,
+    ACTIVATION: tl.constexpr, SLOTS: tl.constexpr,
 ):
     b = tl.program_id(0)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask_d = d < dim
+    in_dim = d < dim
+    if SLOTS:  # the row's slot of the state pool, in every lane (in place: each lane reads its
+        slot = tl.load(slots_ptr + b + d * 0)  # positions before it overwrites them)
+        mask_d = in_dim & (slot >= 0)
+        slot = tl.where(slot >= 0, slot, 0)
+    else:
+        slot = b + d * 0
+        mask_d = in_dim
     x = tl.load(x_ptr + b * s_xb + d * s_xd, mask=mask_d, other=0.0).to(tl.float32)
     acc = tl.load(w_ptr + d * s_wd + (WIDTH - 1) * s_wk, mask=mask_d, other=0.0).to(tl.float32) * x
     for j in tl.static_range(WIDTH - 1):
-        v = tl.load(state_ptr + b * s_sb + d * s_sd + j * s_sk, mask=mask_d, other=0.0)
+        v = tl.load(state_ptr + slot * s_sb + d * s_sd + j * s_sk, mask=mask_d, other=0.0)
         v = v.to(tl.float32)
         acc += tl.load(w_ptr + d * s_wd + j * s_wk, mask=mask_d, other=0.0).to(tl.float32) * v
         if j > 0:
-            tl.store(new_ptr + b * s_nb + d * s_nd + (j - 1) * s_nk, v, mask=mask_d)
+            tl.store(new_ptr + slot * s_nb + d * s_nd + (j - 1) * s_nk, v, mask=mask_d)
     if WIDTH > 1:
-        tl.store(new_ptr + b * s_nb + d * s_nd + (WIDTH - 2) * s_nk, x, mask=mask_d)
+        tl.store(new_ptr + slot * s_nb + d * s_nd + (WIDTH - 2) * s_nk, x, mask=mask_d)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + d, mask=mask_d, other=0.0).to(tl.float32)
     acc = activations.activate(acc, ACTIVATION)
-    tl.store(out_ptr + b * s_ob + d * s_od, acc, mask=mask_d)
+    tl.store(out_ptr + b * s_ob + d * s_od, tl.where(mask_d, acc, 0.0), mask=in_dim)
 
 
 def causal_conv1d_fwd(x, weight, bias=None, initial_state=None, activation=None, out=None):
@@ -145,25 +153,36 @@ def causal_conv1d_fwd(x, weight, bias=None, initial_state=None, activation=None,
     return out, final
 
 
-def causal_conv1d_update_fwd(x, conv_state, weight, bias=None, activation=None, out=None):
+def causal_conv1d_update_fwd(
+    x, conv_state, weight, bias=None, activation=None, out=None, state_indices=None
+):
     """``causal_conv1d_update`` on Triton. x (b, d); conv_state (b, d, k-1); weight (d, k);
-    bias (d,) -> (out (b, d) dtype of x, new_state (b, d, k-1) float32)."""
+    bias (d,) -> (out (b, d) dtype of x, new_state (b, d, k-1) float32). With ``state_indices``
+    (b,): conv_state is a (slots, d, k-1) pool, row i reading and writing slot
+    ``state_indices[i]`` in place (negative: a padding row, skipped, its out zeros); the pool is
+    returned as the new state."""
     batch, dim = x.shape
     width = weight.shape[1]
     config = configs.pick(x.device, configs.CONV_GPU, configs.CONV_CPU)
     block_d = min(config.block_d, next_power_of_2(dim))
     if out is None:
         out = torch.empty((batch, dim), dtype=x.dtype, device=x.device)
-    new = torch.empty((batch, dim, width - 1), dtype=torch.float32, device=x.device)
+    slots = None
+    if state_indices is not None:
+        slots = check_pool("causal_conv1d_update", batch, state_indices, conv_state)
+        new = conv_state
+    else:
+        new = torch.empty((batch, dim, width - 1), dtype=torch.float32, device=x.device)
     if batch == 0:
         return out, new
     state_strides = conv_state.stride() if width > 1 else (0, 0, 0)
     new_strides = new.stride() if width > 1 else (0, 0, 0)
     launch(_causal_conv1d_update_kernel, (batch, -(-dim // block_d)))(
-        x, conv_state, weight, bias if bias is not None else weight, out, new, dim,
+        x, conv_state, weight, bias if bias is not None else weight, out, new,
+        slots if slots is not None else x, dim,
         *x.stride(), *state_strides, *weight.stride(), *out.stride(), *new_strides,
         WIDTH=width, BLOCK_D=block_d, HAS_BIAS=bias is not None,
-        ACTIVATION=activation_code("causal_conv1d_update", activation),
+        ACTIVATION=activation_code("causal_conv1d_update", activation), SLOTS=slots is not None,
         num_warps=config.num_warps,
     )
     return out, new

@@ -43,6 +43,7 @@ from ssmcc.kernels.triton.mixer_steps import (
 from ssmcc.kernels.triton.rmsnorm_gated import rmsnorm_gated_fwd
 from ssmcc.kernels.triton.runtime import launch, next_power_of_2
 from ssmcc.kernels.triton.selective_scan import selective_scan_fwd
+from ssmcc.kernels.triton.slots import check_indices
 from ssmcc.kernels.triton.ssd_scan import ssd_scan_fwd
 from ssmcc.ops._shapes import expect
 from ssmcc.ops.activations import activation_code
@@ -400,15 +401,7 @@ def _slots(op: str, batch: int, state_indices, in_place, conv_state, ssm_state):
             "address slots of a pool",
         )
         return None, bool(in_place)
-    expect(
-        state_indices.dtype in (torch.int32, torch.int64)
-        and tuple(state_indices.shape) == (batch,)
-        and state_indices.device == conv_state.device,
-        op,
-        f"state_indices must be int32 or int64 of shape ({batch},) on {conv_state.device}, got "
-        f"{state_indices.dtype} {tuple(state_indices.shape)} on {state_indices.device}",
-    )
-    return state_indices.contiguous(), bool(in_place)
+    return check_indices(op, batch, state_indices, conv_state.device), bool(in_place)
 
 
 def _new_states(in_place: bool, indices, batch: int, conv_state, ssm_state):

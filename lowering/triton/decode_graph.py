@@ -6,6 +6,8 @@ ms/token for mamba-130m on an H200, where reading its weights takes ~0.11-0.15 m
 step is one graph replay and the host never waits for the device inside a token:
 
     prefill (eager, chunked, as before) -> states copied into the rows' slots of the state pools
+                 (a K/V cache into the first positions of its fixed-capacity pool, its length
+                 into ``lengths``; ragged prompts, prefilled row by row, decode as one batch)
     first token: sampled on the device from the prefill's last logits
     per token:   [noise drawn by the device generator]  graph replay:
                      pooled step (pooled_step.py): ids, slots, pools -> logits
@@ -37,7 +39,14 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from ssmcc.lowering.triton.decode_plan import PoolLayout, SlotPool, StaticBuffers, bucket_for
+from ssmcc.errors import InputError
+from ssmcc.lowering.triton.decode_plan import (
+    PoolLayout,
+    SlotPool,
+    StaticBuffers,
+    bucket_for,
+    capacity_for,
+)
 from ssmcc.lowering.triton.device_sampling import GREEDY, choose_on_device, sampling_mode
 from ssmcc.lowering.triton.pooled_step import pool_step
 
@@ -126,7 +135,9 @@ class GraphDecoder:
         self.device = device
         self.capture = capture
         self.slots = SlotPool()
+        self.capacity = 0  # K/V positions per slot
         self.pools: list[torch.Tensor] = []
+        self.lengths = torch.zeros(0, dtype=torch.int32)
         self.programs: dict[tuple[int, str], BucketProgram] = {}
         self._busy = threading.Lock()
 
@@ -136,12 +147,16 @@ class GraphDecoder:
             return None
         return DecodeSession(self, batch, sampling)
 
-    def reserve(self, bucket: int) -> None:
-        """Pools of at least ``bucket`` slots (growing them drops the graphs over the old)."""
-        if self.slots.capacity >= bucket:
+    def reserve(self, bucket: int, positions: int = 0) -> None:
+        """Pools of at least ``bucket`` slots whose K/V caches hold ``positions`` (growing them
+        drops the graphs over the old)."""
+        capacity = max(self.capacity, capacity_for(positions))
+        if self.slots.capacity >= bucket and capacity == self.capacity:
             return
         self.slots.grow(bucket)
-        self.pools = PoolLayout(self.specs, bucket).allocate(self.device)
+        layout = PoolLayout(self.specs, self.slots.capacity, capacity)
+        self.pools, self.lengths = layout.allocate(self.device)
+        self.capacity = capacity
         self.programs.clear()
 
     def program(self, bucket: int, mode: str) -> BucketProgram:
@@ -151,7 +166,9 @@ class GraphDecoder:
             workspaces = [make(bucket) for make in self.step.workspaces]
 
             def run():
-                logits = self.step.module(buffers.ids, buffers.slots, *self.pools, *workspaces)
+                logits = self.step.module(
+                    buffers.ids, buffers.slots, self.lengths, *self.pools, *workspaces
+                )
                 choose_on_device(logits, mode, buffers)
                 buffers.ids[:, 0].copy_(buffers.tokens)
 
@@ -169,13 +186,40 @@ class GraphDecoder:
             self._busy.release()
 
     def admit(self, state, rows: int) -> list[int]:
-        """Slots for ``rows`` sequences, each holding its row of ``state`` (a mapping name ->
-        (rows, ...) tensor, as prefill returns it)."""
+        """Slots for ``rows`` sequences, each holding its row of ``state``: a mapping name ->
+        (rows, ...) tensor, as prefill returns it, or a list of one-row mappings (prompts of
+        different lengths). A K/V cache fills its pool's first positions."""
+        parts = state if isinstance(state, list) else [state]
         slots = self.slots.acquire(rows)
-        index = torch.tensor(slots, dtype=torch.int64, device=self.device)
-        for pool, spec in zip(self.pools, self.specs, strict=True):
-            pool.index_copy_(0, index, state[spec.name].to(self.device, pool.dtype))
+        first = 0
+        for part in parts:
+            count = cached_rows(part, self.specs)
+            index = torch.tensor(slots[first : first + count], dtype=torch.int64)
+            length = cached_positions(part, self.specs)
+            index = index.to(self.device)
+            for pool, spec in zip(self.pools, self.specs, strict=True):
+                cached = [slice(0, length) if a in spec.grows else slice(None) for a in
+                          range(len(spec.shape))]
+                pool[(index, *cached)] = part[spec.name].to(self.device, pool.dtype)
+            self.lengths[index] = length
+            first += count
         return slots
+
+
+def cached_rows(state, specs) -> int:
+    return int(state[specs[0].name].shape[0])
+
+
+def cached_positions(state, specs) -> int:
+    """The positions ``state``'s K/V caches hold (0 without any); one count for every layer, as
+    the step reads one length per slot."""
+    counts = {int(state[s.name].shape[1 + s.grows[0]]) for s in specs if s.grows}
+    if len(counts) > 1:
+        raise InputError(
+            f"the K/V caches of one state hold different numbers of positions ({sorted(counts)}); "
+            "the captured decode keeps one length per sequence"
+        )
+    return counts.pop() if counts else 0
 
 
 class DecodeSession:
@@ -196,8 +240,10 @@ class DecodeSession:
         decoder, rows = self.decoder, self.batch
         logits, state = prefill()
         logits = logits[:, -1] if logits.dim() == 3 else logits
+        parts = state if isinstance(state, list) else [state]
+        cached = max(cached_positions(part, decoder.specs) for part in parts)
         with torch.inference_mode():
-            decoder.reserve(self.bucket)
+            decoder.reserve(self.bucket, cached + max_new_tokens)
             program = decoder.program(self.bucket, self.mode)
             self._slots = decoder.admit(state, rows)
             buffers = program.buffers

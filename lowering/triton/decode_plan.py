@@ -7,10 +7,14 @@ in the smallest bucket >= b, rows b.. being padding (slot -1: the fused step ker
 their tokens are not read). A batch above 64 decodes eagerly.
 
 State pool: one tensor per state of the step program, (slots, *state shape) in the state's dtype
-(``PoolLayout``); row i of a batch reads and writes slot ``state_indices[i]``. ``SlotPool`` hands
-out the lowest free slots and takes them back. The pools hold as many slots as the largest bucket
-served so far: growing them reallocates the pools, and the graphs captured over the old ones are
-dropped (they hold the old addresses).
+(``PoolLayout``), and ``lengths`` (slots,) int32, the positions each slot's K/V caches hold; row
+i of a batch reads and writes slot ``state_indices[i]``. A K/V cache's growing axis has a fixed
+capacity in its pool (``capacity_for``: the longest prompt plus the new tokens of the generations
+served so far, rounded up to a power of two, at least ``MIN_CAPACITY``), so a step writes at a
+position instead of concatenating. ``SlotPool`` hands out the lowest free slots and takes them
+back. The pools hold as many slots as the largest bucket served so far: growing them (slots or
+capacity) reallocates the pools, and the graphs captured over the old ones are dropped (they hold
+the old addresses).
 
 Static buffers of a bucket B (``StaticBuffers``; one set per (bucket, sampling mode), allocated
 before the capture, their addresses fixed in the graph):
@@ -31,6 +35,7 @@ through, alternating.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -38,6 +43,7 @@ from ssmcc.errors import InputError
 from ssmcc.lowering.triton.device_sampling import GREEDY
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+MIN_CAPACITY = 256  # K/V positions per slot at least (a smaller pool saves little)
 
 
 def bucket_for(batch: int) -> int | None:
@@ -45,6 +51,12 @@ def bucket_for(batch: int) -> int | None:
     if batch < 1:
         raise InputError(f"a decode batch has at least one row, got {batch}")
     return next((bucket for bucket in BUCKETS if bucket >= batch), None)
+
+
+def capacity_for(positions: int) -> int:
+    """K/V positions per slot for a generation that reaches ``positions`` (prompt + new tokens):
+    a power of two, at least ``MIN_CAPACITY``, so that a few capacities serve every length."""
+    return max(MIN_CAPACITY, 1 << max(positions - 1, 0).bit_length())
 
 
 def row_slots(slots: list[int], bucket: int) -> list[int]:
@@ -98,21 +110,30 @@ class SlotPool:
 
 @dataclasses.dataclass(frozen=True)
 class PoolLayout:
-    """The state pools of a step program: one (slots, *shape) tensor per state spec."""
+    """The state pools of a step program: one (slots, *shape) tensor per state spec, its growing
+    axes (a K/V cache's positions) ``capacity`` long; and the (slots,) int32 lengths."""
 
     specs: tuple
     slots: int
+    capacity: int = MIN_CAPACITY
+
+    def shape(self, spec) -> tuple[int, ...]:
+        sizes = [self.capacity if axis in spec.grows else n for axis, n in enumerate(spec.shape)]
+        return (self.slots, *sizes)
 
     @property
     def shapes(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
-        return [(s.name, (self.slots, *s.shape), s.torch_dtype) for s in self.specs]
+        return [(s.name, self.shape(s), s.torch_dtype) for s in self.specs]
 
     @property
     def nbytes(self) -> int:
-        return self.slots * sum(s.nbytes_per_row for s in self.specs)
+        total = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype in self.shapes)
+        return total + 4 * self.slots
 
-    def allocate(self, device) -> list[torch.Tensor]:
-        return [torch.zeros(shape, dtype=dtype, device=device) for _, shape, dtype in self.shapes]
+    def allocate(self, device) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """(the pools, the lengths), zeros."""
+        pools = [torch.zeros(shape, dtype=dtype, device=device) for _, shape, dtype in self.shapes]
+        return pools, torch.zeros(self.slots, dtype=torch.int32, device=device)
 
 
 @dataclasses.dataclass

@@ -2,33 +2,38 @@
 replays.
 
 The lowered step module is ``(input_ids (b, 1), *states) -> (logits (b, V), *new states)``: each
-state goes into one fused mixer step (``mamba_mixer_step_fwd`` / ``ssd_mixer_step_fwd``, its
-``conv_state`` or ``ssm_state``) and the new state comes out of it as a new tensor. The pooled
+state is read by one stateful call, which returns its new state as a new tensor. The pooled
 module is
 
-    forward(input_ids (B, 1), state_indices (B,), *pools, *workspaces) -> logits (B, V)
+    forward(input_ids (B, 1), state_indices (B,), lengths (S,), *pools, *workspaces) -> logits
 
-the same graph with each fused step called with ``state_indices``, ``in_place=True`` (row i reads
-and writes slot ``state_indices[i]`` of the pools; slot -1 skips the row) and a persistent
-``workspace`` (its scratch, and Mamba-2's row counters, which the kernel leaves at zero): no
-state is allocated or copied, so the module's memory traffic per step is the weights, the
-states of the live rows and the activations. The states are no outputs any more (the pools are
-updated in place); the export's input guard (``_guards_fn``, which checks the inputs as the
-program took them) is dropped, the captured path sizing its own buffers.
+the same graph with each stateful call replaced by its pooled form, row i reading and writing
+slot ``state_indices[i]`` of the pools (slot -1: a padding row, skipped):
 
-Refused (the message says what; generation then runs eagerly): states that grow (K/V caches,
-below), a state read by anything but a fused mixer step (``pipeline="unfused"``: the separate
-conv and scan step ops take no slot indices), a new state that is not the fused step's own
-output, a fused step whose weights are computed in the graph (its workspace is sized from them).
+    mamba_mixer_step_fwd / ssd_mixer_step_fwd   conv_state, ssm_state   the same launcher with
+        ``state_indices``, ``in_place=True`` and a persistent ``workspace`` (its scratch, and
+        Mamba-2's row counters, which the kernel leaves at zero)
+    causal_conv1d_update_fwd, selective_state_update_fwd, ssd_state_update_fwd   conv_state /
+        state   the same launcher with ``state_indices`` (the separate step ops: Jamba's and
+        Zamba's Mamba-1 layers, ``pipeline="unfused"``)
+    attention_fwd            past_key, past_value   ``kv_pool.attention_pool_step_fwd`` over
+        (S, g, C, d) pools of fixed capacity C: the new key/value written at the slot's length,
+        attention over the positions up to it
+    positions_fwd            past_count         ``kv_pool.positions_pool_fwd``: the slot's
+        count is the position, then grows by one
 
-K/V caches: the step program's ``ssmcc.attention`` concatenates its cache with the new position
-(``keys`` is a new (b, g, p + 1, d) tensor every token) and its kernel takes the past length p as
-a launch argument, so no fixed graph replays it. What the graph path needs for hybrids: K/V pools
-(slots, g, max_length, d) per attention layer, an attention step launcher that writes the new
-key/value at each row's length and attends over that row's own length read on the device (slot
-indices as the mixer steps take them), a per-slot length buffer the graph increments, and this
-rewrite pointing the attention nodes at it; prompt + new tokens beyond ``max_length`` is then a
-capacity error.
+and, after the last attention call, ``kv_pool.advance_counts(lengths, state_indices)``: every
+live row's slot holds one more position (``lengths``: cached positions per slot, read by every
+attention layer of the step). The batch size the graph reads off a state (``sym_size(state,
+0)``: the export takes it from whichever input it saw first) is read off ``input_ids``. No state
+is allocated or copied, so the memory traffic of a step is the weights, the states of the live
+rows and the activations. The states are no outputs any more (the pools are updated in place);
+the export's input guard (``_guards_fn``, which checks the inputs as the program took them) is
+dropped, the captured path sizing its own buffers.
+
+Refused (the message says what; generation then runs eagerly): a state read by anything else,
+a new state that is not its call's own output, a fused step whose weights are computed in the
+graph (its workspace is sized from them).
 """
 
 from __future__ import annotations
@@ -41,12 +46,17 @@ from collections.abc import Callable
 import torch
 from torch import fx
 
+from ssmcc.kernels.triton.attention import attention_fwd
+from ssmcc.kernels.triton.causal_conv1d import causal_conv1d_update_fwd
+from ssmcc.kernels.triton.kv_pool import advance_counts, attention_pool_step_fwd, positions_pool_fwd
 from ssmcc.kernels.triton.mixers import (
     mamba_mixer_step_fwd,
     mamba_mixer_step_workspace,
     ssd_mixer_step_fwd,
     ssd_mixer_step_workspace,
 )
+from ssmcc.kernels.triton.positions import positions_fwd
+from ssmcc.kernels.triton.state_update import selective_state_update_fwd, ssd_state_update_fwd
 
 
 def _mamba_workspace(weight: Callable, device) -> Callable[[int], object]:
@@ -60,8 +70,19 @@ def _ssd_workspace(weight: Callable, device) -> Callable[[int], object]:
 
 
 # fused step launcher -> its workspace factory, given the weights (name -> tensor) of the call
-POOLED_STEPS = {mamba_mixer_step_fwd: _mamba_workspace, ssd_mixer_step_fwd: _ssd_workspace}
-STATE_ARGS = ("conv_state", "ssm_state")  # output 1 and 2 of a fused step
+FUSED_STEPS = {mamba_mixer_step_fwd: _mamba_workspace, ssd_mixer_step_fwd: _ssd_workspace}
+# stateful launcher -> its state arguments, in the order of its outputs 1, 2, ...
+STATE_ARGS = {
+    mamba_mixer_step_fwd: ("conv_state", "ssm_state"),
+    ssd_mixer_step_fwd: ("conv_state", "ssm_state"),
+    causal_conv1d_update_fwd: ("conv_state",),
+    selective_state_update_fwd: ("state",),
+    ssd_state_update_fwd: ("state",),
+    attention_fwd: ("past_key", "past_value"),
+    positions_fwd: ("past_count",),
+}
+# the separate step ops: the same launcher, given slot indices, updates its pool in place
+SEPARATE_STEPS = (causal_conv1d_update_fwd, selective_state_update_fwd, ssd_state_update_fwd)
 
 
 class StepRefusal(Exception):
@@ -70,22 +91,9 @@ class StepRefusal(Exception):
 
 @dataclasses.dataclass
 class PooledStep:
-    module: fx.GraphModule  # forward(input_ids, state_indices, *pools, *workspaces) -> logits
+    module: fx.GraphModule  # forward(input_ids, state_indices, lengths, *pools, *workspaces)
     workspaces: list[Callable[[int], object]]  # per fused step: batch -> its workspace
     vocab: int  # the logits' last dim
-
-
-def kv_refusal(specs) -> str | None:
-    grows = [s.name for s in specs if s.grows]
-    if not grows:
-        return None
-    shown = ", ".join(grows[:4]) + (", ..." if len(grows) > 4 else "")
-    return (
-        f"the step program's K/V caches ({shown}) grow by one position per token (ssmcc.attention "
-        "concatenates them and takes the past length as a launch argument), which a CUDA graph "
-        "cannot replay; decoding hybrids from a graph needs fixed-capacity K/V pools and an "
-        "attention step kernel reading each row's length on the device (not built yet)"
-    )
 
 
 def _attribute(module: torch.nn.Module, node) -> torch.Tensor:
@@ -107,9 +115,14 @@ def _is_guard(node: fx.Node) -> bool:
     return node.op == "call_module" and node.target == "_guards_fn"
 
 
-def _is_new_state(node: fx.Node, fused) -> bool:
+def _is_batch_size(node: fx.Node) -> bool:
+    """``sym_size(state, 0)``: the batch, wherever the export read it."""
+    return node.target is torch.ops.aten.sym_size.int and node.args[1:] == (0,)
+
+
+def _is_new_state(node: fx.Node, stateful) -> bool:
     source = node.args[0] if node.target is operator.getitem else None
-    return isinstance(source, fx.Node) and source in fused and node.args[1] != 0
+    return isinstance(source, fx.Node) and source in stateful and node.args[1] != 0
 
 
 def _bound(node: fx.Node) -> dict:
@@ -118,9 +131,6 @@ def _bound(node: fx.Node) -> dict:
 
 def pool_step(module: fx.GraphModule, specs, device) -> PooledStep:
     """``module`` (a lowered step program) over state pools; ``StepRefusal`` when it cannot."""
-    refusal = kv_refusal(specs)
-    if refusal is not None:
-        raise StepRefusal(refusal)
     graph = module.graph
     inputs = [n for n in graph.nodes if n.op == "placeholder"]
     ids, states = inputs[0], inputs[1:]
@@ -128,53 +138,72 @@ def pool_step(module: fx.GraphModule, specs, device) -> PooledStep:
         raise StepRefusal(f"the step program takes {len(states)} states, its specs {len(specs)}")
     (output,) = [n for n in graph.nodes if n.op == "output"]
     logits, *new_states = output.args[0]
-    owner: dict[fx.Node, tuple[fx.Node, int]] = {}  # state -> (fused step, 1 or 2)
-    fused = [n for n in graph.nodes if n.op == "call_function" and n.target in POOLED_STEPS]
-    for node in fused:
+    owner: dict[fx.Node, tuple[fx.Node, int]] = {}  # state -> (its call, output position)
+    stateful = [n for n in graph.nodes if n.op == "call_function" and n.target in STATE_ARGS]
+    for node in stateful:
         args = _bound(node)
-        for position, name in enumerate(STATE_ARGS, start=1):
+        for position, name in enumerate(STATE_ARGS[node.target], start=1):
             state = args.get(name)
             if state not in states or state in owner:
                 raise StepRefusal(f"{node.name}'s {name} is not a state input of its own")
             owner[state] = (node, position)
     for i, state in enumerate(states):
-        readers = [u for u in state.users if not _is_guard(u)]
+        readers = [u for u in state.users if not (_is_guard(u) or _is_batch_size(u))]
         if state not in owner or readers != [owner[state][0]]:
-            names = ", ".join(u.name for u in readers if u not in fused) or "nothing"
+            names = ", ".join(u.name for u in readers if u not in stateful) or "nothing"
             raise StepRefusal(
-                f"state {specs[i].name} is read by {names}, not by one fused mixer step "
-                "(which takes slot indices)"
+                f"state {specs[i].name} is read by {names}, not by one call that takes slot "
+                "indices (a mixer, conv or scan step, attention, positions)"
             )
-        step, position = owner[state]
+        call, position = owner[state]
         new = new_states[i]
-        if not (new.target is operator.getitem and new.args == (step, position)):
-            raise StepRefusal(f"new state {specs[i].name} is not {step.name}'s own output")
-    return _rewrite(module, ids, states, logits, fused, device)
+        if not (new.target is operator.getitem and new.args == (call, position)):
+            raise StepRefusal(f"new state {specs[i].name} is not {call.name}'s own output")
+    return _rewrite(module, ids, states, logits, stateful, device)
 
 
-def _rewrite(module, ids, states, logits, fused, device) -> PooledStep:
+def _rewrite(module, ids, states, logits, stateful, device) -> PooledStep:
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {ids: graph.placeholder("input_ids")}
     slots = graph.placeholder("state_indices")
+    lengths = graph.placeholder("lengths")
     env.update({s: graph.placeholder(f"pool_{i}") for i, s in enumerate(states)})
+    fused = [n for n in stateful if n.target in FUSED_STEPS]
     workspaces = {n: graph.placeholder(f"workspace_{j}") for j, n in enumerate(fused)}
+    batch = graph.call_function(torch.ops.aten.sym_size.int, (env[ids], 0))
     factories = []
+    attends = False
     for node in module.graph.nodes:
         if node.op in ("placeholder", "output") or _is_guard(node):
             continue  # inputs made above; the input guard dropped
-        if _is_new_state(node, workspaces):
+        if _is_new_state(node, stateful):
             continue  # the pool, updated in place
+        if _is_batch_size(node) and node.args[0] in states:
+            env[node] = batch
+            continue
+        if node not in stateful:
+            env[node] = graph.node_copy(node, env.__getitem__)
+            continue
+        args = {k: fx.map_arg(v, env.__getitem__) for k, v in _bound(node).items()}
         if node in workspaces:
-            args = _bound(node)
             try:
-                factories.append(POOLED_STEPS[node.target](_weights(module, args), device))
+                factories.append(FUSED_STEPS[node.target](_weights(module, _bound(node)), device))
             except StepRefusal as refusal:
                 raise StepRefusal(f"{node.name}: {refusal}") from None
-            kwargs = {k: fx.map_arg(v, env.__getitem__) for k, v in args.items()}
-            kwargs.update(state_indices=slots, in_place=True, workspace=workspaces[node])
-            env[node] = graph.call_function(node.target, (), kwargs)
-            continue
-        env[node] = graph.node_copy(node, env.__getitem__)
+            args.update(state_indices=slots, in_place=True, workspace=workspaces[node])
+            env[node] = graph.call_function(node.target, (), args)
+        elif node.target in SEPARATE_STEPS:
+            env[node] = graph.call_function(node.target, (), {**args, "state_indices": slots})
+        elif node.target is attention_fwd:
+            attends = True
+            call = (args["query"], args["key"], args["value"], args["scale"], args["past_key"],
+                    args["past_value"], lengths, slots)
+            env[node] = graph.call_function(attention_pool_step_fwd, call)
+        else:  # positions_fwd
+            call = (args["input_ids"], args["past_count"], slots)
+            env[node] = graph.call_function(positions_pool_fwd, call)
+    if attends:  # after every attention layer of the step has read the lengths
+        graph.call_function(advance_counts, (lengths, slots))
     graph.output(env[logits])
     value = logits.meta.get("val")
     if not isinstance(value, torch.Tensor):

@@ -13,7 +13,8 @@ copies them back), the logits come back to the CPU, where the runtime samples. `
 ``stream`` on a CUDA device instead decode through ``decode_session``: the step captured as one
 CUDA graph per batch-size bucket over state pools, tokens chosen on the device
 (``decode_graph.py``); ``decode_refusal(batch)`` says why a generation decodes eagerly instead
-(``cuda_graphs=False``, the CPU, reference kernels, K/V caches, a batch above 64).
+(``cuda_graphs=False``, the CPU, reference kernels, a state read by an op that takes no slot
+indices, a batch above 64).
 
 Artifact: the torch target's (``weights.safetensors`` + one ``.pt2`` per program); the kernels
 are Triton's to compile (and cache) on first use, or ahead of time with ``ssmcc kernels build``.
