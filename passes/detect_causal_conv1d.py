@@ -96,8 +96,9 @@ def _rewrite(node: Node) -> None:
 RULES = (NodeRule("padded_conv_slice", (aten.slice.Tensor,), _is_causal_cut, _rewrite),)
 
 
-def rewrite_causal_conv1d(graph_module: GraphModule, diagnostics: dict) -> Counter:
+def rewrite_causal_conv1d(graph_module: GraphModule, ctx: PassContext) -> Counter:
     """The pass on an ATen graph, in place: hits by rule (empty: the graph is as it was)."""
+    diagnostics = ctx.diagnostics
     silu_before = sum(1 for n in graph_module.graph.nodes if n.target == aten.silu.default)
     hits, rejections = apply_rules(graph_module.graph, RULES)
     for reasons in rejections.values():
@@ -113,7 +114,7 @@ def rewrite_causal_conv1d(graph_module: GraphModule, diagnostics: dict) -> Count
 
 
 def detect_causal_conv1d(program: ExportedProgram, ctx: PassContext) -> PassResult:
-    hits = rewrite_causal_conv1d(program.graph_module, ctx.diagnostics)
+    hits = rewrite_causal_conv1d(program.graph_module, ctx)
     if not hits:
         return PassResult(program, False, Counter())
     return PassResult(rebuild_program(program, program.graph_module), True, hits)

@@ -327,7 +327,7 @@ class _Finder:
 
 
 def rewrite_scans(
-    graph_module: GraphModule, diagnostics: dict, program: ExportedProgram | None = None
+    graph_module: GraphModule, ctx: PassContext, program: ExportedProgram | None = None
 ) -> Counter:
     """The pass on a functional ATen graph, in place: hits by rule (empty: the graph is as it
     was). Without ``program`` (a graph from ``torch.compile``) the ``chunked_ssd`` rule is off."""
@@ -342,7 +342,7 @@ def rewrite_scans(
         except NotACandidate:
             continue
         except (Mismatch, ArrangeError) as error:
-            diagnostics.setdefault(f"{PASS_NAME}.{rule}", []).append(
+            ctx.diagnostics.setdefault(f"{PASS_NAME}.{rule}", []).append(
                 f"{location(node)}: {getattr(error, 'reason', error)}"
             )
             continue
@@ -367,7 +367,7 @@ def detect_selective_scan(program: ExportedProgram, ctx: PassContext) -> PassRes
     functionalized = _has_mutation(program)
     if functionalized:
         program = program.run_decompositions({})
-    hits = rewrite_scans(program.graph_module, ctx.diagnostics, program)
+    hits = rewrite_scans(program.graph_module, ctx, program)
     if not hits:
         return PassResult(original, False, Counter())  # nothing found: the program as it was
     if functionalized:

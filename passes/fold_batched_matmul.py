@@ -17,12 +17,14 @@ it again.
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import torch
-from torch.fx import Graph, Node
+from torch.fx import GraphModule, Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ssmcc.passes.dim_labels import shape
+from ssmcc.passes.pass_base import PassContext
 from ssmcc.passes.rules import NodeRule, Reject, apply_rules
 
 aten = torch.ops.aten
@@ -97,10 +99,10 @@ RULE = NodeRule(
 )
 
 
-def fold_batched_matmuls(graph: Graph) -> int:
-    """The rule on ``graph``, in place, the bypassed chains removed; returns the number of
-    matmuls folded."""
-    hits, _ = apply_rules(graph, (RULE,))
+def fold_batched_matmuls(graph_module: GraphModule, ctx: PassContext) -> Counter:
+    """The rule on the graph, in place, the bypassed chains removed: hits by rule (a graph
+    rewrite, ``pass_base``)."""
+    hits, _ = apply_rules(graph_module.graph, (RULE,))
     if hits:
-        graph.eliminate_dead_code()
-    return hits.get("batched_matmul", 0)
+        graph_module.graph.eliminate_dead_code()
+    return Counter(hits)

@@ -1,4 +1,4 @@
-"""Run an ordered list of passes over a program.
+"""Run an ordered list of passes over a program, or of graph rewrites over a bare FX graph.
 
 The manager copies the program once (weights shared), runs each pass in order, optionally repeats
 the list until no pass modifies the program, runs the verifier after each pass when asked, and
@@ -14,9 +14,10 @@ from collections import Counter
 from collections.abc import Sequence
 
 from torch.export import ExportedProgram
+from torch.fx import GraphModule
 
 from ssmcc.errors import PassError
-from ssmcc.passes.pass_base import PassContext, PassFn
+from ssmcc.passes.pass_base import GraphRewrite, PassContext, PassFn
 from ssmcc.passes.program import clone_program
 from ssmcc.passes.verifier import verify_program
 
@@ -86,3 +87,22 @@ def run_passes(
         if not any_modified:
             break
     return program, report
+
+
+def rewrite_in_place(
+    graph_module: GraphModule, rewrites: Sequence[GraphRewrite], ctx: PassContext
+) -> dict[str, Counter]:
+    """Each graph rewrite on ``graph_module`` in order, in place: its hits by rule, by rewrite
+    name. An exception inside one is re-raised as ``PassError`` naming it and those before it."""
+    hits: dict[str, Counter] = {}
+    for rewrite in rewrites:
+        name = rewrite.__name__
+        try:
+            hits[name] = Counter(rewrite(graph_module, ctx))
+        except Exception as error:
+            before = ", ".join(hits) or "none"
+            raise PassError(
+                f"graph rewrite {name} failed (rewrites run before it: {before}): "
+                f"{type(error).__name__}: {error}"
+            ) from error
+    return hits

@@ -3,6 +3,11 @@
 A pass is a callable ``(program, ctx) -> PassResult``. It receives a program it may edit (the
 manager hands each pipeline a copy), and returns the resulting program, whether anything changed,
 and ``stats``: hits counted by rule name (what golden tests assert). A pass never imports a backend.
+
+A graph rewrite is the rule set of a pass applied in place to a bare FX ``GraphModule`` (what
+``torch.compile`` hands the Dynamo backend, which has no ExportedProgram):
+``(graph_module, ctx) -> Counter`` of hits by rule (empty: the graph is as it was), its near misses
+in ``ctx.diagnostics``.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from torch.export import ExportedProgram
+from torch.fx import GraphModule
 
 
 @dataclasses.dataclass
@@ -40,3 +46,4 @@ class PassResult:
 
 
 PassFn = Callable[[ExportedProgram, PassContext], PassResult]
+GraphRewrite = Callable[[GraphModule, PassContext], Counter]

@@ -4,7 +4,13 @@
 - ``derivation``: how each stateful program of a token model (``ProgramSet``) is made from the
   compiled one: its state pass, then the same pipeline the user chose, with the same
   ``PassContext`` (the target's gates included), so a program derived for ``pipeline="none"``
-  holds no fused op and one derived for a target holds only ops that target runs.
+  holds no fused op and one derived for a target holds only ops that target runs;
+- ``QUANTIZATION``: what ``compile(quantize=...)`` runs after the pipeline;
+- ``DYNAMO_REWRITES``: the graph rewrites (``pass_base.GraphRewrite``) the Dynamo backend runs on
+  each functional ATen graph ``torch.compile`` hands it, in place.
+
+Nothing outside this module and ``manager.py`` builds a pass list or calls a pass
+(``tests/test_layout.py`` holds every module to it).
 """
 
 from __future__ import annotations
@@ -12,11 +18,13 @@ from __future__ import annotations
 from ssmcc.errors import SSMCCError
 from ssmcc.passes.canonicalize import canonicalize
 from ssmcc.passes.chunk_state_passing import chunk_state_passing
-from ssmcc.passes.detect_causal_conv1d import detect_causal_conv1d
-from ssmcc.passes.detect_selective_scan import detect_selective_scan
+from ssmcc.passes.detect_causal_conv1d import detect_causal_conv1d, rewrite_causal_conv1d
+from ssmcc.passes.detect_selective_scan import detect_selective_scan, rewrite_scans
 from ssmcc.passes.eliminate_dead_code import eliminate_dead_code
+from ssmcc.passes.fold_batched_matmul import fold_batched_matmuls
 from ssmcc.passes.fuse_scan_norm_mlp import fuse_scan_norm_mlp
-from ssmcc.passes.pass_base import PassFn
+from ssmcc.passes.pass_base import GraphRewrite, PassFn
+from ssmcc.passes.quantize_weights import quantize_weights
 from ssmcc.passes.scan_to_recurrent_step import expose_recurrent_state, scan_to_recurrent_step
 
 PIPELINES: dict[str, list[PassFn]] = {
@@ -43,6 +51,14 @@ DERIVATIONS: dict[str, tuple[str, PassFn]] = {
 }
 
 
+# After the pipeline, when the user asks for quantized weights (its options: the scheme).
+QUANTIZATION: list[PassFn] = [quantize_weights]
+
+# torch.compile's graphs: AOT autograd's batched matmuls folded back first (the readouts as the
+# detection rules read them), then the convolutions and the scans.
+DYNAMO_REWRITES: list[GraphRewrite] = [fold_batched_matmuls, rewrite_causal_conv1d, rewrite_scans]
+
+
 def pipeline(name: str) -> list[PassFn]:
     if name not in PIPELINES:
         raise SSMCCError(f"unknown pipeline {name!r}; known: {', '.join(PIPELINES)}")
@@ -56,3 +72,11 @@ def derivation(graph: str, pipeline_name: str) -> tuple[str, list[PassFn]]:
         raise SSMCCError(f"no derivation of a {graph!r} program; known: {', '.join(DERIVATIONS)}")
     source, state_pass = DERIVATIONS[graph]
     return source, [state_pass, *pipeline(pipeline_name)]
+
+
+def quantization() -> list[PassFn]:
+    return list(QUANTIZATION)
+
+
+def dynamo_rewrites() -> list[GraphRewrite]:
+    return list(DYNAMO_REWRITES)

@@ -28,9 +28,8 @@ from ssmcc.frontend.report import ssmcc_op_counts
 from ssmcc.lowering.registry import get_target, target_names, targets
 from ssmcc.options import COMPILE, DEFAULT_CHUNK_SIZE, DEFAULT_TARGET, LOAD, resolve_options
 from ssmcc.passes import PassContext, run_passes, verify_program
-from ssmcc.passes.pipelines import PIPELINES, pipeline
+from ssmcc.passes.pipelines import PIPELINES, pipeline, quantization
 from ssmcc.passes.program_set import ProgramSet
-from ssmcc.passes.quantize_weights import quantize_weights
 from ssmcc.progress import phase
 from ssmcc.runtime.artifact import read_artifact
 from ssmcc.runtime.compiled import CompiledModel
@@ -96,7 +95,7 @@ def quantize_program(program, scheme: str, ctx: PassContext, accuracy_inputs: tu
     # layer, and quantize_weights gives each weight back once converted, so the float weights
     # and their small copies are never all resident together.
     expected = reference_logits(program, accuracy_inputs)
-    quantized, report = run_passes(program, [quantize_weights], ctx)
+    quantized, report = run_passes(program, quantization(), ctx)
     verify_program(quantized, after="quantize_weights")
     hits = report.records[0].stats
     return (

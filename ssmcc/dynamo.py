@@ -161,22 +161,22 @@ def rewrite_graph(aten_graph: torch.fx.GraphModule) -> tuple[collections.Counter
     -> ``selective_scan`` / ``ssd_scan``; AOT autograd's batched matmuls are folded back into
     ``matmul`` first (``fold_batched_matmul``). Returns the hits by rule and why candidates were
     not rewritten."""
-    from ssmcc.passes.detect_causal_conv1d import rewrite_causal_conv1d
-    from ssmcc.passes.detect_selective_scan import rewrite_scans
-    from ssmcc.passes.fold_batched_matmul import fold_batched_matmuls
+    from ssmcc.passes.manager import rewrite_in_place
+    from ssmcc.passes.pass_base import PassContext
+    from ssmcc.passes.pipelines import dynamo_rewrites
 
-    diagnostics: dict = {}
+    ctx = PassContext()
     hits: collections.Counter = collections.Counter()
     for module in subgraph_modules(aten_graph):
-        folded = fold_batched_matmuls(module.graph)  # readouts as the passes read them
-        found = rewrite_causal_conv1d(module, diagnostics)
-        found += rewrite_scans(module, diagnostics)
+        by_rewrite = rewrite_in_place(module, dynamo_rewrites(), ctx)
+        folded = by_rewrite.pop("fold_batched_matmuls", collections.Counter())
+        found = sum(by_rewrite.values(), collections.Counter())
         if found:
             _views_as_reshapes(module.graph)
         if found or folded:
             module.recompile()
         hits += found
-    return hits, diagnostics
+    return hits, ctx.diagnostics
 
 
 def _views_as_reshapes(graph: torch.fx.Graph) -> None:

@@ -128,16 +128,22 @@ def test_imports_point_down_the_layers(import_graph):
 
 
 def test_op_library_imports_torch_only(import_graph):
+    """The op library imports itself, ``ssmcc.errors`` (a leaf: it imports nothing), the
+    standard library and torch."""
+    leaves = {"ssmcc.errors"}
+    assert not set(import_graph.successors("ssmcc.errors"))
     for module in import_graph:
         if module.startswith("ssmcc.ops"):
-            assert all(t.startswith("ssmcc.ops") for t in import_graph.successors(module)), module
+            assert all(
+                t.startswith("ssmcc.ops") or t in leaves for t in import_graph.successors(module)
+            ), module
             tree = ast.parse(_modules()[module].read_text())
             third_party = {
                 (alias.name if isinstance(node, ast.Import) else node.module).split(".")[0]
                 for node in ast.walk(tree)
                 if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0)
                 for alias in node.names
-            } - {"ssmcc", "__future__", "dataclasses", "collections", "typing"}
+            } - {"ssmcc", *sys.stdlib_module_names}
             assert third_party <= {"torch"}, (module, third_party)
 
 
@@ -186,3 +192,54 @@ def test_every_package_is_installed():
     )
     found = {name for name, path in _modules().items() if path.name == "__init__.py"}
     assert found == listed
+
+
+def _pass_functions() -> dict[str, str]:
+    """Every pass (``(program, ctx)``) and graph rewrite (``(graph_module, ctx)``) the passes
+    package defines: name -> its module."""
+    import importlib
+    import inspect
+
+    found = {}
+    for module_name in _modules():
+        if not module_name.startswith("ssmcc.passes."):
+            continue
+        module = importlib.import_module(module_name)
+        for name, value in vars(module).items():
+            if not inspect.isfunction(value) or value.__module__ != module_name:
+                continue
+            params = list(inspect.signature(value).parameters)
+            if params[:2] in (["program", "ctx"], ["graph_module", "ctx"]):
+                found[name] = module_name
+    return found
+
+
+def test_pass_order_is_decided_in_pipelines_only():
+    """No module but ``passes/pipelines.py`` (the lists) and ``passes/manager.py`` (which runs
+    them) names a pass: importing one elsewhere is building a pass list or calling a pass
+    directly. The module that defines a pass may call it (a pass reusing its own rewrite)."""
+    from ssmcc.passes import pipelines
+
+    passes = _pass_functions()
+    listed = {f.__name__ for f in pipelines.quantization() + pipelines.dynamo_rewrites()}
+    listed |= {f.__name__ for name in pipelines.PIPELINES for f in pipelines.pipeline(name)}
+    listed |= {state_pass.__name__ for _, state_pass in pipelines.DERIVATIONS.values()}
+    assert listed <= set(passes), listed - set(passes)
+    pass_modules = {m.rsplit(".", 1)[1] for m in passes.values()} | {"passes"}
+    allowed = {"ssmcc.passes.pipelines", "ssmcc.passes.manager"}
+    offenders = []
+    for module_name, path in _modules().items():
+        if module_name in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.Attribute) and ast.unparse(node.value).split(".")[-1] in (
+                pass_modules
+            ):  # module.pass (an FX graph's own eliminate_dead_code is no pass of ours)
+                names = [node.attr]
+            for name in names:
+                if name in passes and passes[name] != module_name:
+                    offenders.append(f"{module_name}:{node.lineno} names pass {name}")
+    assert not offenders, "\n".join(offenders)

@@ -71,9 +71,9 @@ def test_kernel_matches_the_oracle_long_run(op):
 def test_every_op_has_a_triton_kernel():
     assert set(TRITON_KERNELS) == set(SSMCC_OPS)
     for op, launcher in TRITON_KERNELS.items():
-        file, name = catalog.LAUNCHERS[op]
+        file, name = catalog.launchers()[op]  # what coverage reads without importing Triton
         assert launcher.__name__ == name and launcher.__module__.endswith(file[:-3]), op
-        # a launcher takes the op's arguments by the op's names
+        # a launcher takes the op's arguments by the op's names (checked when registered)
         wanted = list(inspect.signature(SSMCC_REFERENCES[op]).parameters)
         have = list(inspect.signature(launcher).parameters)
         assert have[: len(wanted)] == wanted, op

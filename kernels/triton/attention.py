@@ -51,6 +51,7 @@ import triton
 import triton.language as tl
 
 from ssmcc.kernels.triton import configs, online_softmax
+from ssmcc.kernels.triton.catalog import launcher
 from ssmcc.kernels.triton.runtime import launch, next_power_of_2
 
 DECODE_QUERIES = 16  # query positions a call may have and still take the split-key path
@@ -240,6 +241,7 @@ def _decode(query, keys, values, out, scale: float, dot16: bool) -> None:
     )
 
 
+@launcher("attention")
 def attention_fwd(query, key, value, scale: float, past_key=None, past_value=None):
     """``attention`` on Triton. query (b, h, l, d); key (b, g, l, d); value (b, g, l, e);
     past_key/past_value (b, g, p, d/e) -> (out (b, h, l, e) dtype of query, keys, values)."""

@@ -1,32 +1,65 @@
 """Which file and launcher of ``kernels/triton`` runs each ssmcc op, without importing Triton
 (for ``ssmcc coverage``: importing Triton would fix this process's compiled/interpreted mode).
-``tests/test_triton_kernels.py`` checks it against ``registry.TRITON_KERNELS``."""
+
+A launcher declares its op next to its definition, ``@launcher("rmsnorm_gated")``: on import that
+registers it as the op's Triton implementation (``ssmcc.ops.backends``: an op that is not defined,
+or a launcher not taking the op's arguments first, is an import-time error naming both), and
+``launchers()`` reads the same decorators from the sources, so no table is kept by hand.
+"""
 
 from __future__ import annotations
 
-LAUNCHERS = {
-    "selective_scan": ("selective_scan.py", "selective_scan_fwd"),
-    "selective_state_update": ("state_update.py", "selective_state_update_fwd"),
-    "causal_conv1d": ("causal_conv1d.py", "causal_conv1d_fwd"),
-    "causal_conv1d_update": ("causal_conv1d.py", "causal_conv1d_update_fwd"),
-    "ssd_scan": ("ssd_scan.py", "ssd_scan_fwd"),
-    "ssd_state_update": ("state_update.py", "ssd_state_update_fwd"),
-    "rmsnorm_gated": ("rmsnorm_gated.py", "rmsnorm_gated_fwd"),
-    "ssd_mixer": ("mixers.py", "ssd_mixer_fwd"),
-    "ssd_mixer_step": ("mixers.py", "ssd_mixer_step_fwd"),
-    "mamba_mixer": ("mixers.py", "mamba_mixer_fwd"),
-    "mamba_mixer_step": ("mixers.py", "mamba_mixer_step_fwd"),
-    "attention": ("attention.py", "attention_fwd"),
-    "positions": ("positions.py", "positions_fwd"),
-    "moe_experts": ("moe_experts.py", "moe_experts_fwd"),
-    "quantized_linear": ("linear.py", "quantized_linear_fwd"),
-    "quantized_embedding": ("linear.py", "quantized_embedding_fwd"),
-}
+import ast
+import functools
+import pathlib
+
+from ssmcc.ops.backends import implements, takes_op_arguments
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def launcher(op: str):
+    """Register the decorated function as op ``op``'s Triton launcher."""
+
+    def decorate(function):
+        file = pathlib.Path(function.__code__.co_filename).name
+        return implements(
+            "triton", op, description=f"Triton: kernels/triton/{file} ({function.__name__})",
+            check=takes_op_arguments,
+        )(function)
+
+    return decorate
+
+
+def _declared(path: pathlib.Path) -> dict[str, tuple[str, str]]:
+    """op -> (file, launcher) for every ``@launcher("op")`` function of one source file."""
+    found = {}
+    for node in ast.parse(path.read_text()).body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        for decorator in node.decorator_list:
+            if (
+                isinstance(decorator, ast.Call)
+                and getattr(decorator.func, "id", None) == "launcher"
+                and decorator.args
+                and isinstance(decorator.args[0], ast.Constant)
+            ):
+                found[decorator.args[0].value] = (path.name, node.name)
+    return found
+
+
+@functools.cache
+def launchers() -> dict[str, tuple[str, str]]:
+    """op -> (file, launcher) of kernels/triton, read from the sources."""
+    found = {}
+    for path in sorted(HERE.glob("*.py")):
+        found.update(_declared(path))
+    return found
 
 
 def describe(op: str) -> str:
-    file, launcher = LAUNCHERS[op]
-    return f"Triton: kernels/triton/{file} ({launcher})"
+    file, name = launchers()[op]
+    return f"Triton: kernels/triton/{file} ({name})"
 
 
 # Each kernel's launch grid as a rule of the sizes its launcher sees (for a runtime that launches

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ssmcc.kernels.triton import activations, configs
+from ssmcc.kernels.triton.catalog import launcher
 from ssmcc.kernels.triton.runtime import launch, next_power_of_2
 from ssmcc.kernels.triton.slots import check_pool
 from ssmcc.ops.activations import activation_code
@@ -119,6 +120,7 @@ def _causal_conv1d_update_kernel(
     tl.store(out_ptr + b * s_ob + d * s_od, tl.where(mask_d, acc, 0.0), mask=in_dim)
 
 
+@launcher("causal_conv1d")
 def causal_conv1d_fwd(x, weight, bias=None, initial_state=None, activation=None, out=None):
     """``causal_conv1d`` on Triton. x (b, d, l) any strides; weight (d, k); bias (d,);
     initial_state (b, d, k-1) -> (out (b, d, l) dtype of x, final_state (b, d, k-1) float32);
@@ -153,6 +155,7 @@ def causal_conv1d_fwd(x, weight, bias=None, initial_state=None, activation=None,
     return out, final
 
 
+@launcher("causal_conv1d_update")
 def causal_conv1d_update_fwd(
     x, conv_state, weight, bias=None, activation=None, out=None, state_indices=None
 ):

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ssmcc.kernels.triton import configs, products
+from ssmcc.kernels.triton.catalog import launcher
 from ssmcc.kernels.triton.runtime import launch, next_power_of_2
 
 
@@ -111,11 +112,13 @@ def linear_fwd(x, weight, scale=None, bias=None, out=None, out_dtype=None) -> to
     return out
 
 
+@launcher("quantized_linear")
 def quantized_linear_fwd(x, weight, scale, bias=None) -> torch.Tensor:
     """``quantized_linear`` on Triton: (..., k) -> (..., n) in x's dtype."""
     return linear_fwd(x, weight, scale, bias)
 
 
+@launcher("quantized_embedding")
 def quantized_embedding_fwd(ids, weight, scale=None) -> torch.Tensor:
     """``quantized_embedding`` on Triton: ids (...) int64 -> (..., k) float32; without ``scale``
     the rows of ``weight`` widened (the float32 lookup of a 16-bit table, no 16-bit copy)."""

@@ -33,6 +33,7 @@ from typing import NamedTuple
 import torch
 
 from ssmcc.kernels.triton import configs
+from ssmcc.kernels.triton.catalog import launcher
 from ssmcc.kernels.triton.causal_conv1d import causal_conv1d_fwd
 from ssmcc.kernels.triton.linear import linear_fwd
 from ssmcc.kernels.triton.mixer_steps import (
@@ -71,6 +72,7 @@ def _projections(
     return linear_fwd(dt_r, dt_proj_weight, dt_proj_scale, out_dtype=F32), B, C
 
 
+@launcher("mamba_mixer")
 def mamba_mixer_fwd(
     zx,
     conv_weight,
@@ -120,6 +122,7 @@ def mamba_mixer_fwd(
     return y, conv_last, ssm_last
 
 
+@launcher("mamba_mixer_step")
 def mamba_mixer_step_fwd(
     zx,
     conv_weight,
@@ -191,6 +194,7 @@ def mamba_mixer_step_fwd(
     return y, conv_new, ssm_new
 
 
+@launcher("ssd_mixer")
 def ssd_mixer_fwd(
     zxbcdt,
     conv_weight,
@@ -249,6 +253,7 @@ def ssd_mixer_fwd(
     return y, conv_last, ssm_last
 
 
+@launcher("ssd_mixer_step")
 def ssd_mixer_step_fwd(
     zxbcdt,
     conv_weight,

@@ -53,6 +53,7 @@ import triton
 import triton.language as tl
 
 from ssmcc.kernels.triton import activations, configs, products
+from ssmcc.kernels.triton.catalog import launcher
 from ssmcc.kernels.triton.runtime import launch, next_power_of_2
 from ssmcc.ops.activations import FORMS
 
@@ -337,6 +338,7 @@ def _grouped(hidden, top_k_index, top_k_weights, up, down, out, code, gated, up_
     )
 
 
+@launcher("moe_experts")
 def moe_experts_fwd(hidden, top_k_index, top_k_weights, up, down, activation="silu",
                     gated=True, up_scale=None, down_scale=None) -> torch.Tensor:
     """``moe_experts`` on Triton. hidden (t, d); top_k_index, top_k_weights (t, k); up (E, u, d);

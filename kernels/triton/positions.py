@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ssmcc.kernels.triton.catalog import launcher
 from ssmcc.kernels.triton.runtime import launch
 
 
@@ -33,6 +34,7 @@ def _positions_kernel(
             tl.store(count_ptr + r * s_cb, length)
 
 
+@launcher("positions")
 def positions_fwd(input_ids, past_count=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``positions`` on Triton: input_ids (b, l), past_count (b, 1) int64 -> (positions (b, l),
     count (b, 1)) int64."""

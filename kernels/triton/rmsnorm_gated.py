@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ssmcc.kernels.triton.catalog import launcher
 from ssmcc.kernels.triton.runtime import launch, next_power_of_2
 
 
@@ -42,6 +43,7 @@ def _rmsnorm_gated_kernel(
     tl.store(out_ptr + row * s_or + c * s_oc, y, mask=mask)
 
 
+@launcher("rmsnorm_gated")
 def rmsnorm_gated_fwd(x, z, weight, group_size: int, eps: float = 1e-6,
                       norm_before_gate: bool = False, out=None, out_dtype=None) -> torch.Tensor:
     """``rmsnorm_gated`` on Triton. x, z (..., d) any float dtypes (widened to float32 in

@@ -61,6 +61,7 @@ import triton
 import triton.language as tl
 
 from ssmcc.kernels.triton import configs, scan_tiles
+from ssmcc.kernels.triton.catalog import launcher
 from ssmcc.kernels.triton.runtime import launch, next_power_of_2
 
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x log2 e)
@@ -277,6 +278,7 @@ def _layouts(u, delta, z, out, B, C, dim: int, block_d: int) -> dict:
     return dict(X_UNIT=x_unit, BC_UNIT=bc_unit, BC_SHARED=shared)
 
 
+@launcher("selective_scan")
 def selective_scan_fwd(
     u: torch.Tensor,
     delta: torch.Tensor,

@@ -60,6 +60,7 @@ import triton
 import triton.language as tl
 
 from ssmcc.kernels.triton import configs, operands
+from ssmcc.kernels.triton.catalog import launcher
 from ssmcc.kernels.triton.runtime import launch, next_power_of_2
 
 DOT_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -326,6 +327,7 @@ def dot_operands(x, B, C, allow_tf32: bool) -> tuple[str, bool, str]:
     return dot, interpreted and dot == "bf16", precision
 
 
+@launcher("ssd_scan")
 def ssd_scan_fwd(
     x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, dt_min=0.0, dt_max=None,
     initial_state=None, chunk: int | None = None, out=None, allow_tf32: bool = False,

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ssmcc.kernels.triton import configs
+from ssmcc.kernels.triton.catalog import launcher
 from ssmcc.kernels.triton.runtime import launch, next_power_of_2
 from ssmcc.kernels.triton.slots import check_pool
 
@@ -121,6 +122,7 @@ def _run(state, x, dt, A, B, C, D, z, bias, softplus, dt_min, dt_max, dt_strides
     return out, new
 
 
+@launcher("selective_state_update")
 def selective_state_update_fwd(
     state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, out_dtype=None,
     state_indices=None,
@@ -145,6 +147,7 @@ def selective_state_update_fwd(
     return out[:, 0], state if slots is not None else new[:, 0]
 
 
+@launcher("ssd_state_update")
 def ssd_state_update_fwd(
     state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, dt_min=0.0,
     dt_max=None, out_dtype=None, state_indices=None,

@@ -2,10 +2,11 @@
 
 The program is unlifted (weights bound as module attributes, input-shape checks kept), then one
 loop walks the graph: ATen/prims ops and ``getitem`` stay as they are (PyTorch runs them), and every
-ssmcc op with an entry in ``TORCH_TABLE`` calls that entry's kernel directly. An ssmcc op without
-an entry stays a ``torch.ops.ssmcc`` call: PyTorch dispatches it to the op's registered
-implementation (a kernel registered with ``torch.library``, else its reference), so the torch
-target runs every op.
+ssmcc op with an entry in ``TORCH_TABLE`` calls that entry's kernel directly, unless an
+implementation is registered for the ``torch`` backend (``ssmcc.ops.backends``: a plug-in's
+kernel, with ``kernels="auto"``). An ssmcc op with neither stays a ``torch.ops.ssmcc`` call:
+PyTorch dispatches it to the op's registered implementation (a kernel registered with
+``torch.library``, else its reference), so the torch target runs every op.
 
 Kernels: the C++ CPU kernels (``kernels/cpu``, built on first use) when ``kernels="auto"`` and a
 compiler is available, called without per-call argument checks (the IR verifier checked the
@@ -29,6 +30,7 @@ from ssmcc.lowering.torch.freeze import flatten_weight_attributes, fold_weight_e
 from ssmcc.lowering.torch.linear import route_linears
 from ssmcc.lowering.torch.skip_weights import bind_per_channel_skips
 from ssmcc.ops import SSMCC_REFERENCES, is_ssmcc_op
+from ssmcc.ops.backends import implementations
 
 # Ops whose PyTorch implementation is already what a kernel would do (ATen matmuls and a
 # softmax for attention, an arange for positions, a gather and a multiply for a quantised
@@ -69,11 +71,15 @@ TORCH_TABLE: dict[str, Emitter] = {
 
 def lower_to_torch(program: ExportedProgram, kernels: str = "auto") -> nn.Module:
     module = program.module()
+    registered = implementations("torch")
     for node in module.graph.nodes:
         if node.op != "call_function" or not is_ssmcc_op(node.target):
             continue
-        emitter = TORCH_TABLE.get(node.target._opname)
-        if emitter is not None:
+        name = node.target._opname
+        emitter = TORCH_TABLE.get(name)
+        if kernels == "auto" and name in registered:
+            node.target = registered[name]
+        elif emitter is not None:
             node.target = emitter.emit(node, kernels)
     fold_weight_expressions(module)
     if kernels == "auto":

@@ -42,6 +42,7 @@ from ssmcc.lowering.torch.weights import (
     write_weights,
 )
 from ssmcc.ops import SSMCC_OPS
+from ssmcc.ops.backends import description
 from ssmcc.ops.contracts import StateSpec
 from ssmcc.passes.program_set import STATEFUL_GRAPHS, ProgramSet
 from ssmcc.passes.verifier import verify_program
@@ -257,7 +258,11 @@ def load(files, manifest: dict, options) -> TorchExecutable:
 
 def native_ops() -> dict[str, str]:
     dispatched = "the op's registered implementation (torch.ops dispatch)"
-    return {op: TORCH_TABLE[op].kernel if op in TORCH_TABLE else dispatched for op in SSMCC_OPS}
+    found = {}
+    for op in SSMCC_OPS:
+        registered = description("torch", op)
+        found[op] = registered or (TORCH_TABLE[op].kernel if op in TORCH_TABLE else dispatched)
+    return found
 
 
 def unsupported_ops() -> dict[str, str]:

@@ -49,7 +49,9 @@ def lower_to_triton(
     module = program.module()
     for node in module.graph.nodes:
         if node.op == "call_function" and is_ssmcc_op(node.target):
-            node.target = with_options(table[node.target._opname], allow_tf32=allow_tf32)
+            launcher = table.get(node.target._opname)
+            if launcher is not None:  # else torch.ops dispatch runs the op's registered kernel
+                node.target = with_options(launcher, allow_tf32=allow_tf32)
     module.recompile()
     fold_weight_expressions(module)
     flatten_weight_attributes(module)
@@ -217,18 +219,18 @@ def load(files, manifest: dict, options) -> TritonExecutable:
 
 
 def native_ops() -> dict[str, str]:
-    from ssmcc.kernels.triton.catalog import LAUNCHERS, describe
+    from ssmcc.kernels.triton.catalog import describe, launchers
     from ssmcc.kernels.triton.runtime import triton_available
 
     if not triton_available():
         return {}
-    return {op: describe(op) for op in SSMCC_OPS if op in LAUNCHERS}
+    return {op: describe(op) for op in SSMCC_OPS if op in launchers()}
 
 
 def unsupported_ops() -> dict[str, str]:
-    from ssmcc.kernels.triton.catalog import LAUNCHERS
+    from ssmcc.kernels.triton.catalog import launchers
     from ssmcc.kernels.triton.runtime import INSTALL_HINT, triton_available
 
     if not triton_available():
         return {op: f"Triton is not installed: {INSTALL_HINT}" for op in SSMCC_OPS}
-    return {op: "no Triton kernel yet" for op in SSMCC_OPS if op not in LAUNCHERS}
+    return {op: "no Triton kernel yet" for op in SSMCC_OPS if op not in launchers()}

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ssmcc.ops._shapes import expect, expect_rank
 from ssmcc.ops.contracts import StateContract, StateSlot, register_state_contract
+from ssmcc.ops.definition import define
 
 OP = "attention"
 
@@ -170,3 +171,5 @@ register_state_contract(
         step_op="attention",
     ),
 )
+
+ATTENTION = define(attention, attention_ref)

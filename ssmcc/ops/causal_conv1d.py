@@ -27,6 +27,7 @@ from torch import Tensor
 from ssmcc.ops._shapes import expect, expect_rank, expect_same_shape, expect_vector
 from ssmcc.ops.activations import activation_code, apply_activation
 from ssmcc.ops.contracts import register_state_contract, single_state
+from ssmcc.ops.definition import define
 
 
 def _check_weight(op: str, weight: Tensor, dim) -> None:
@@ -159,3 +160,6 @@ register_state_contract(
         step_op="causal_conv1d_update",
     ),
 )
+
+CAUSAL_CONV1D = define(causal_conv1d, causal_conv1d_ref)
+CAUSAL_CONV1D_UPDATE = define(causal_conv1d_update, causal_conv1d_update_ref)

@@ -51,6 +51,7 @@ from ssmcc.ops._shapes import expect, expect_rank, expect_same_shape, expect_vec
 from ssmcc.ops.activations import activation_code
 from ssmcc.ops.causal_conv1d import causal_conv1d_ref, causal_conv1d_update_ref
 from ssmcc.ops.contracts import StateContract, StateSlot, register_state_contract
+from ssmcc.ops.definition import define
 from ssmcc.ops.quantized_linear import check_quantized_weight, dequantize_weight
 from ssmcc.ops.selective_scan import selective_scan_ref
 from ssmcc.ops.selective_state_update import selective_state_update_ref
@@ -488,3 +489,6 @@ register_state_contract(
         step_op="mamba_mixer_step",
     ),
 )
+
+MAMBA_MIXER = define(mamba_mixer, mamba_mixer_ref)
+MAMBA_MIXER_STEP = define(mamba_mixer_step, mamba_mixer_step_ref)

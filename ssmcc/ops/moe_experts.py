@@ -32,6 +32,7 @@ from torch import Tensor
 from ssmcc.ops._shapes import expect, expect_rank
 from ssmcc.ops.activations import activate as activate_form
 from ssmcc.ops.contracts import register_positionwise
+from ssmcc.ops.definition import define
 from ssmcc.ops.quantized_linear import STORAGE_DTYPES, dequantize_weight
 
 OP = "moe_experts"
@@ -193,3 +194,5 @@ def _moe_experts_fake(
 
 
 register_positionwise(moe_experts)
+
+MOE_EXPERTS = define(moe_experts, moe_experts_ref)

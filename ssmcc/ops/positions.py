@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ssmcc.ops._shapes import expect
 from ssmcc.ops.contracts import register_state_contract, single_state
+from ssmcc.ops.definition import define
 
 OP = "positions"
 
@@ -87,3 +88,5 @@ register_state_contract(
         per_layer=False,
     ),
 )
+
+POSITIONS = define(positions, positions_ref)

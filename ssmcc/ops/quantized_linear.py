@@ -30,6 +30,7 @@ from torch import Tensor
 
 from ssmcc.ops._shapes import expect
 from ssmcc.ops.contracts import register_positionwise
+from ssmcc.ops.definition import define
 
 OP = "quantized_linear"
 EMBEDDING_OP = "quantized_embedding"
@@ -163,3 +164,6 @@ def _quantized_embedding_fake(ids, weight, scale):
 
 register_positionwise(quantized_linear)
 register_positionwise(quantized_embedding)
+
+QUANTIZED_LINEAR = define(quantized_linear, quantized_linear_ref)
+QUANTIZED_EMBEDDING = define(quantized_embedding, quantized_embedding_ref)

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from ssmcc.ops._shapes import expect, expect_rank, expect_same_shape, expect_vector
 from ssmcc.ops.contracts import register_positionwise
+from ssmcc.ops.definition import define
 
 OP = "rmsnorm_gated"
 
@@ -82,3 +83,5 @@ def _rmsnorm_gated_fake(x, z, weight, group_size, eps=1e-6, norm_before_gate=Fal
 
 
 register_positionwise(rmsnorm_gated)  # each position normalised on its own channels
+
+RMSNORM_GATED = define(rmsnorm_gated, rmsnorm_gated_ref)

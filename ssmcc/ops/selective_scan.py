@@ -41,6 +41,7 @@ from ssmcc.ops._shapes import (
     expect_vector,
 )
 from ssmcc.ops.contracts import register_state_contract, single_state
+from ssmcc.ops.definition import define
 from ssmcc.ops.selective_state_update import selective_state_update
 
 OP = "selective_scan"
@@ -162,3 +163,5 @@ register_state_contract(
         step_op="selective_state_update",
     ),
 )
+
+SELECTIVE_SCAN = define(selective_scan, selective_scan_ref)

@@ -34,6 +34,7 @@ from ssmcc.ops._shapes import (
     expect_same_shape,
     expect_vector,
 )
+from ssmcc.ops.definition import define
 
 OP = "selective_state_update"
 
@@ -106,3 +107,5 @@ def _selective_state_update_fake(
 ):
     check_selective_state_update_args(state, x, dt, A, B, C, D, z, dt_bias)
     return x.new_empty(x.shape), state.new_empty(state.shape, dtype=torch.float32)
+
+SELECTIVE_STATE_UPDATE = define(selective_state_update, selective_state_update_ref)

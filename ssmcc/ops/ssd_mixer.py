@@ -50,6 +50,7 @@ from ssmcc.ops._shapes import expect, expect_rank, expect_same_shape, expect_vec
 from ssmcc.ops.activations import activation_code
 from ssmcc.ops.causal_conv1d import causal_conv1d_ref, causal_conv1d_update_ref
 from ssmcc.ops.contracts import StateContract, StateSlot, register_state_contract
+from ssmcc.ops.definition import define
 from ssmcc.ops.rmsnorm_gated import rmsnorm_gated_ref
 from ssmcc.ops.ssd_scan import ssd_scan_ref
 from ssmcc.ops.ssd_state_update import ssd_state_update_ref
@@ -510,3 +511,6 @@ register_state_contract(
         step_op="ssd_mixer_step",
     ),
 )
+
+SSD_MIXER = define(ssd_mixer, ssd_mixer_ref)
+SSD_MIXER_STEP = define(ssd_mixer_step, ssd_mixer_step_ref)

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from ssmcc.ops._shapes import expect, expect_rank, expect_same_shape, expect_vector
 from ssmcc.ops.contracts import register_state_contract, single_state
+from ssmcc.ops.definition import define
 from ssmcc.ops.ssd_math import discretized_dt, heads_of_groups
 from ssmcc.ops.ssd_state_update import ssd_state_update
 
@@ -196,3 +197,5 @@ register_state_contract(
         step_op="ssd_state_update",
     ),
 )
+
+SSD_SCAN = define(ssd_scan, ssd_scan_ref)

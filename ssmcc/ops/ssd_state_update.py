@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ssmcc.ops._shapes import expect, expect_rank, expect_same_shape, expect_vector
+from ssmcc.ops.definition import define
 from ssmcc.ops.ssd_math import discretized_dt, heads_of_groups
 
 OP = "ssd_state_update"
@@ -127,3 +128,5 @@ def _ssd_state_update_fake(
 ):
     check_ssd_state_update_args(state, x, dt, A, B, C, D, z, dt_bias)
     return x.new_empty(x.shape), state.new_empty(state.shape, dtype=torch.float32)
+
+SSD_STATE_UPDATE = define(ssd_state_update, ssd_state_update_ref)

@@ -1,0 +1,141 @@
+"""Ops defined once (``ssmcc/ops/definition.py``) and backends registered against them
+(``ssmcc/ops/backends.py``).
+
+A test-only op — a custom op, its reference and fake, one ``define`` and one ``torch`` backend
+registration, all in this file — compiles on the torch target (its registered kernel runs) and is
+a row of ``ssmcc coverage``, with no other file edited; the tables (``SSMCC_OPS``,
+``SSMCC_REFERENCES``, ``ssmcc.ops``' names) are built from the definitions; a reference that does
+not take the schema's arguments, a registration naming an op that is not defined, a launcher not
+taking the op's arguments and a second implementation are import-time errors naming the op and
+the backend. The test op is removed from the tables after each test (other tests hold every
+defined op to their backends).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import ssmcc
+import ssmcc.ops as ops
+from ssmcc.lowering.registry import coverage
+from ssmcc.ops.backends import REGISTRY, implements, register, takes_op_arguments
+from ssmcc.ops.definition import DEFINITIONS, OpDefinitionError, define
+
+NAME = "test_shift_scale"
+
+
+def shift_scale_ref(x: Tensor, shift: float, scale: float = 2.0) -> Tensor:
+    """Reference: (x + shift) * scale."""
+    return (x + shift) * scale
+
+
+@functools.cache
+def _custom_op():
+    """The custom op, made once per process (torch.library keeps it)."""
+
+    @torch.library.custom_op(f"ssmcc::{NAME}", mutates_args=())
+    def shift_scale(x: Tensor, shift: float, scale: float = 2.0) -> Tensor:
+        return shift_scale_ref(x, shift, scale)
+
+    @shift_scale.register_fake
+    def _fake(x, shift, scale=2.0):
+        return x.new_empty(x.shape)
+
+    return shift_scale
+
+
+@pytest.fixture
+def test_op():
+    """The op defined, with a torch kernel that counts its calls; removed afterwards."""
+    calls = []
+
+    def shift_scale_kernel(x, shift, scale=2.0):
+        calls.append(tuple(x.shape))
+        return (x + shift) * scale
+
+    definition = define(_custom_op(), shift_scale_ref)
+    implements("torch", NAME, description="test kernel: (x + shift) * scale")(shift_scale_kernel)
+    try:
+        yield definition, calls
+    finally:
+        DEFINITIONS.pop(NAME, None)
+        for table in REGISTRY.values():
+            table.pop(NAME, None)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return torch.ops.ssmcc.test_shift_scale(self.proj(x), 0.5, 3.0)
+
+
+def test_a_test_op_compiles_on_torch_and_is_in_coverage(test_op):
+    definition, calls = test_op
+    assert ops.SSMCC_OPS[NAME] is definition.overload
+    assert ops.SSMCC_REFERENCES[NAME] is shift_scale_ref
+    model = Model().eval()
+    x = torch.randn(2, 6)
+    compiled = ssmcc.compile(model, target="torch", example_inputs=(x,))
+    torch.testing.assert_close(compiled(x), model(x))
+    assert calls, "the registered torch kernel did not run"
+    rows = {row["backend"]: row for row in coverage() if row["op"] == NAME}
+    assert rows["torch"] == {
+        "op": NAME, "backend": "torch", "status": "supported",
+        "detail": "test kernel: (x + shift) * scale",
+    }
+    assert rows["onnx"]["status"] == "unsupported"
+
+
+def test_the_tables_are_built_from_the_definitions():
+    assert list(ops.SSMCC_OPS) == list(DEFINITIONS) == list(ops.SSMCC_REFERENCES)
+    for name, definition in DEFINITIONS.items():
+        assert getattr(ops, name) is definition.op
+        assert getattr(ops, f"{name}_ref") is definition.reference
+        assert name in ops.__all__ and f"{name}_ref" in ops.__all__
+        assert getattr(torch.ops.ssmcc, name).default is ops.SSMCC_OPS[name]
+
+
+def test_bad_definitions_and_registrations_fail_naming_op_and_backend():
+    def wrong_ref(x, scale, shift):
+        return x
+
+    with pytest.raises(OpDefinitionError, match=rf"ssmcc.{NAME}: its reference wrong_ref takes"):
+        define(_custom_op(), wrong_ref)
+    assert NAME not in DEFINITIONS
+    with pytest.raises(OpDefinitionError, match=r"backend 'onnx': no ssmcc op 'no_such_op'"):
+        implements("onnx", "no_such_op")(lambda: None)
+
+    def rmsnorm_gated_fwd(x, weight, z, group_size):  # arguments out of the op's order
+        return x
+
+    with pytest.raises(
+        OpDefinitionError, match=r"backend 'triton', rmsnorm_gated_fwd for ssmcc.rmsnorm_gated: "
+    ) as error:
+        implements("triton", "rmsnorm_gated", check=takes_op_arguments)(rmsnorm_gated_fwd)
+    assert "the op's arguments are (x, z, weight, group_size, eps, norm_before_gate)" in str(
+        error.value
+    )
+    def first(*args):
+        return args
+
+    def second(*args):
+        return args
+
+    register("test-backend", "ssd_scan", first)
+    register("test-backend", "ssd_scan", first)  # the same one again (a module re-imported)
+    try:
+        with pytest.raises(
+            OpDefinitionError,
+            match=r"backend 'test-backend' registers two implementations of ssmcc.ssd_scan: "
+            r"first and second",
+        ):
+            register("test-backend", "ssd_scan", second)
+    finally:
+        REGISTRY.pop("test-backend")
