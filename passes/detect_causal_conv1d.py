@@ -21,7 +21,6 @@ import operator
 from collections import Counter
 
 import torch
-from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
@@ -29,7 +28,7 @@ from ssmcc.ops import SSMCC_OPS
 from ssmcc.passes.dim_labels import make_emitter, shape
 from ssmcc.passes.pass_base import PassContext, PassResult
 from ssmcc.passes.program import rebuild_program
-from ssmcc.passes.rules import NodeRule, Reject, apply_rules
+from ssmcc.passes.rules import NodeRule, Reject, apply_rules, fake_mode_of
 
 aten = torch.ops.aten
 PASS_NAME = "detect_causal_conv1d"
@@ -75,7 +74,7 @@ def _rewrite(node: Node) -> None:
     x, weight, bias, *_ = _conv_args(*conv.args, **conv.kwargs)
     users = list(node.users)
     silu = users[0] if len(users) == 1 and users[0].target == aten.silu.default else None
-    fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes if n.op == "placeholder"])
+    fake_mode = fake_mode_of(graph)
     emit = make_emitter(graph, fake_mode)
     with graph.inserting_before(node):
         kernel = emit(aten.squeeze.dim, weight, 1)

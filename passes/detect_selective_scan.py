@@ -35,7 +35,6 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 import torch
-from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
@@ -58,6 +57,7 @@ from ssmcc.passes.recurrence import MAMBA1, MAMBA1_OR_SSD, SSD, NotACandidate, R
 from ssmcc.passes.recurrence_parallel import find_parallel_scan, parallel_scan_candidates
 from ssmcc.passes.recurrence_scan_op import find_scan_op
 from ssmcc.passes.recurrence_unrolled import find_unrolled
+from ssmcc.passes.rules import fake_mode_of
 from ssmcc.passes.scan_factoring import (
     TIME,
     Atom,
@@ -191,7 +191,7 @@ def match_scan(recurrence: Recurrence) -> ScanMatch:
 def rewrite(match: ScanMatch, graph_module: GraphModule) -> None:
     """Insert the ``selective_scan`` call for ``match`` and point the scan's users at it."""
     graph = graph_module.graph
-    fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes if n.op == "placeholder"])
+    fake_mode = fake_mode_of(graph)
     emit = make_emitter(graph, fake_mode)
     f, roles = match.factors, match.factors.roles
     b, d, n = roles.batch, roles.channel, roles.state

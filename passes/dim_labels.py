@@ -21,6 +21,8 @@ import sys
 import torch
 from torch.fx import Graph, Node
 
+from ssmcc.passes.rules import CASTS
+
 aten = torch.ops.aten
 
 Labels = tuple
@@ -31,7 +33,6 @@ _IDENTITY = {
     aten.contiguous.default,
     aten.lift_fresh_copy.default,
 }
-_CASTS = {aten.to.dtype, aten._to_copy.default, aten.to.dtype_layout}
 _VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
 
 
@@ -88,7 +89,7 @@ def dim_sources(node: Node) -> list[int | None] | None:
         return None
     rank_in, rank_out = in_val.dim(), out_val.dim()
     target = node.target
-    if target in _IDENTITY or (target in _CASTS and _widening_cast(node)):
+    if target in _IDENTITY or (target in CASTS and _widening_cast(node)):
         return list(range(rank_in))
     if target == aten.unsqueeze.default:
         inserted = _norm(node.args[1], rank_out)

@@ -26,7 +26,7 @@ from torch.fx import Node
 from ssmcc.ops import SSMCC_OPS
 from ssmcc.ops.contracts import bind_arguments
 from ssmcc.passes.dim_labels import shape
-from ssmcc.passes.rules import Reject
+from ssmcc.passes.rules import Reject, rms_denominator, through_casts
 from ssmcc.passes.token_layout import (
     SPLITS,
     channel_slice,
@@ -38,32 +38,15 @@ from ssmcc.passes.token_layout import (
 aten = torch.ops.aten
 SELECTIVE_SCAN, CONV = SSMCC_OPS["selective_scan"], SSMCC_OPS["causal_conv1d"]
 MAMBA_MIXER = SSMCC_OPS["mamba_mixer"]
-_CASTS = {aten._to_copy.default, aten.to.dtype, aten.type_as.default}
-
-
-def _through(node, targets) -> Node:
-    while isinstance(node, Node) and node.target in targets:
-        node = node.args[0]
-    return node
-
-
 def _weightless_rms(node: Node) -> tuple[Node, float] | None:
     """(v, eps) when ``node`` is ``v * rsqrt(mean(v^2, -1, keepdim) + eps)`` (through casts)."""
-    node = _through(node, _CASTS)
+    node = through_casts(node)
     if not (isinstance(node, Node) and node.target == aten.mul.Tensor):
         return None
     for v, r in (node.args[:2], node.args[1::-1]):
-        if not (isinstance(r, Node) and r.target == aten.rsqrt.default):
-            continue
-        add = r.args[0]
-        if add.target != aten.add.Tensor or not isinstance(add.args[1], (int, float)):
-            continue
-        mean = add.args[0]
-        if mean.target != aten.mean.dim or mean.args[1] not in ([-1], (-1,)):
-            continue
-        power = mean.args[0]
-        if power.target == aten.pow.Tensor_Scalar and power.args[0] is v and power.args[1] == 2:
-            return _through(v, _CASTS), float(add.args[1])
+        denominator = rms_denominator(r) if isinstance(r, Node) else Reject("no node")
+        if not isinstance(denominator, Reject) and denominator[0] is v:
+            return through_casts(v), denominator[1]
     return None
 
 

@@ -45,7 +45,6 @@ import operator
 from collections import Counter
 
 import torch
-from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
 from torch.fx import Node
 
@@ -55,12 +54,11 @@ from ssmcc.passes.fuse_mamba_mixer import MAMBA_MIXER, SELECTIVE_SCAN, match_mam
 from ssmcc.passes.fuse_ssd_mixer import SSD_MIXER, SSD_SCAN, match_ssd_mixer, ssd_mixer_call
 from ssmcc.passes.pass_base import PassContext, PassResult
 from ssmcc.passes.program import rebuild_program
-from ssmcc.passes.rules import NodeRule, Reject, apply_rules
+from ssmcc.passes.rules import CASTS, NodeRule, Reject, apply_rules, fake_mode_of, rms_denominator
 
 aten = torch.ops.aten
 PASS_NAME = "fuse_scan_norm_mlp"
 RMSNORM = SSMCC_OPS["rmsnorm_gated"]
-_CASTS = (aten._to_copy.default, aten.to.dtype)
 
 
 def _other(node: Node, one) -> object:
@@ -74,31 +72,17 @@ def _only_user(node: Node) -> Node | None:
 
 def _through_cast(node: Node | None) -> tuple[Node | None, Node | None]:
     """(the node after an optional single-user dtype cast, the cast or None)."""
-    if node is not None and node.target in _CASTS and set(node.kwargs) <= {"dtype"}:
+    if node is not None and node.target in CASTS and set(node.kwargs) <= {"dtype"}:
         return _only_user(node), node
     return node, None
 
 
 def _rms_parts(rsqrt: Node):
     """(x, eps, normalised = x * rsqrt, out = w * normalised, w) or a Reject."""
-    add = rsqrt.args[0]
-    if not (isinstance(add, Node) and add.target == aten.add.Tensor and "alpha" not in add.kwargs):
-        return Reject("rsqrt of something other than mean + eps")
-    mean, eps = add.args[:2]
-    if not isinstance(eps, (int, float)) or not isinstance(mean, Node):
-        return Reject("rsqrt(a + b) where b is not a constant eps")
-    if mean.target != aten.mean.dim:
-        return Reject(f"rsqrt(mean + eps) reads {mean.target}, not a mean")
-    power, dims = mean.args[:2]
-    keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
-    if not (isinstance(power, Node) and power.target == aten.pow.Tensor_Scalar):
-        return Reject("the mean is not of a power")
-    x, exponent = power.args[:2]
-    if not (isinstance(x, Node) and value(x) is not None and value(x).dtype.is_floating_point):
-        return Reject("x^2 of a value that is not a float tensor")
-    rank = len(shape(x))
-    if exponent != 2 or not keepdim or [d % rank for d in dims] != [rank - 1]:
-        return Reject(f"mean of x^{exponent} over dims {dims} (keepdim={keepdim}), not x^2 over -1")
+    denominator = rms_denominator(rsqrt)
+    if isinstance(denominator, Reject):
+        return denominator
+    x, eps = denominator
     normalised = _only_user(rsqrt)
     if (
         normalised is None
@@ -114,7 +98,7 @@ def _rms_parts(rsqrt: Node):
         return Reject(f"the normalised value is multiplied by {weight}, not a weight of shape (d,)")
     if shape(scaled) != shape(x):
         return Reject("the weight broadcasts the normalised value to another shape")
-    return x, float(eps), scaled, weight
+    return x, eps, scaled, weight
 
 
 def _is_rmsnorm(unsupported):
@@ -125,10 +109,6 @@ def _is_rmsnorm(unsupported):
         return parts if isinstance(parts, Reject) else True
 
     return check
-
-
-def _fake_mode(graph):
-    return detect_fake_mode([n.meta.get("val") for n in graph.nodes if n.op == "placeholder"])
 
 
 def _copy_location(source: Node, nodes) -> None:
@@ -153,7 +133,7 @@ def _is_ssd_mixer(unsupported):
 def _fuse_ssd_mixer(scan: Node) -> None:
     match = match_ssd_mixer(scan)
     norm = match["norm"]
-    emit = make_emitter(scan.graph, _fake_mode(scan.graph))
+    emit = make_emitter(scan.graph, fake_mode_of(scan.graph))
     with scan.graph.inserting_before(norm):
         mixer = emit(SSD_MIXER, *ssd_mixer_call(match))
         y = emit(operator.getitem, mixer, 0)
@@ -175,7 +155,7 @@ def _is_mamba_mixer(unsupported):
 def _fuse_mamba_mixer(scan: Node) -> None:
     match = match_mamba_mixer(scan)
     out = match["out"]
-    emit = make_emitter(scan.graph, _fake_mode(scan.graph))
+    emit = make_emitter(scan.graph, fake_mode_of(scan.graph))
     with scan.graph.inserting_before(out):
         mixer = emit(MAMBA_MIXER, *match["call"])
         y = emit(operator.getitem, mixer, 0)
@@ -186,7 +166,7 @@ def _fuse_mamba_mixer(scan: Node) -> None:
 def _fuse_rmsnorm(node: Node) -> None:
     x, eps, out, weight = _rms_parts(node)
     graph = node.graph
-    emit = make_emitter(graph, _fake_mode(graph))
+    emit = make_emitter(graph, fake_mode_of(graph))
     with graph.inserting_before(out):
         fused = emit(RMSNORM, x, None, weight, shape(x)[-1], eps, False)
         new = [fused]

@@ -32,7 +32,6 @@ import copy
 from collections import Counter
 
 import torch
-from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import (
     ExportGraphSignature,
@@ -47,6 +46,7 @@ from ssmcc.ops.quantized_linear import SCHEMES, quantize_weight, scheme_applies
 from ssmcc.passes.locations import location
 from ssmcc.passes.pass_base import PassContext, PassResult
 from ssmcc.passes.program import output_nodes
+from ssmcc.passes.rules import fake_mode_of
 
 aten = torch.ops.aten
 WEIGHT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
@@ -130,7 +130,7 @@ def quantize_weights(program: ExportedProgram, ctx: PassContext) -> PassResult:
     graph = graph_module.graph
     weights = _weights(program)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    fake_mode = detect_fake_mode([n.meta.get("val") for n in placeholders])
+    fake_mode = fake_mode_of(graph)
     first_input = next(n for n in placeholders if n.name not in weights)
     hits: Counter = Counter()
     reasons = ctx.diagnostics.setdefault("quantize_weights", [])  # weights kept, and why

@@ -12,6 +12,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable, Iterable
 
+import torch
 from torch.fx import Graph, Node
 
 
@@ -79,3 +80,60 @@ def replace_with(node: Node, replacement: Node) -> None:
     """Point every user of ``node`` at ``replacement`` and erase ``node``."""
     node.replace_all_uses_with(replacement)
     node.graph.erase_node(node)
+
+
+# Shared pieces of the pattern passes' checks: one set of casts, one RMS normalisation, one way to
+# find a graph's fake mode (each pass used to carry its own copy).
+
+# A cast of its one tensor input that changes only the dtype. (``type_as`` casts too, to another
+# tensor's dtype, but reads that tensor: ``through_casts`` looks through it, the dim labels do not.)
+CASTS = frozenset(
+    {torch.ops.aten._to_copy.default, torch.ops.aten.to.dtype, torch.ops.aten.to.dtype_layout}
+)
+
+
+def through_casts(node):
+    """The value under a chain of casts (``CASTS`` and ``type_as``; ``node`` when it is none)."""
+    while isinstance(node, Node) and (
+        node.target in CASTS or node.target == torch.ops.aten.type_as.default
+    ):
+        node = node.args[0]
+    return node
+
+
+def rms_denominator(rsqrt: Node) -> tuple[Node, float] | Reject:
+    """``(x, eps)`` when ``rsqrt`` is ``rsqrt(mean(x^2, -1, keepdim=True) + eps)`` with eps a
+    constant: the denominator of an RMS normalisation over the last axis (x a float tensor)."""
+    aten = torch.ops.aten
+    if not (isinstance(rsqrt, Node) and rsqrt.target == aten.rsqrt.default):
+        return Reject("not an rsqrt")
+    add = rsqrt.args[0]
+    if not (isinstance(add, Node) and add.target == aten.add.Tensor and "alpha" not in add.kwargs):
+        return Reject("rsqrt of something other than mean + eps")
+    mean, eps = add.args[:2]
+    if not isinstance(eps, (int, float)) or not isinstance(mean, Node):
+        return Reject("rsqrt(a + b) where b is not a constant eps")
+    if mean.target != aten.mean.dim:
+        return Reject(f"rsqrt(mean + eps) reads {mean.target}, not a mean")
+    power, dims = mean.args[:2]
+    keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
+    if not (isinstance(power, Node) and power.target == aten.pow.Tensor_Scalar):
+        return Reject("the mean is not of a power")
+    x, exponent = power.args[:2]
+    val = x.meta.get("val") if isinstance(x, Node) else None
+    if not (isinstance(val, torch.Tensor) and val.dtype.is_floating_point):
+        return Reject("x^2 of a value that is not a float tensor")
+    rank = val.dim()
+    if exponent != 2 or not keepdim or [d % rank for d in dims] != [rank - 1]:
+        return Reject(f"mean of x^{exponent} over dims {dims} (keepdim={keepdim}), not x^2 over -1")
+    return x, float(eps)
+
+
+def fake_mode_of(graph: Graph):
+    """The fake mode of a graph's recorded values (its placeholders', else any node's)."""
+    from torch._guards import detect_fake_mode
+
+    found = detect_fake_mode([n.meta.get("val") for n in graph.nodes if n.op == "placeholder"])
+    if found is None:
+        found = detect_fake_mode([n.meta.get("val") for n in graph.nodes])
+    return found

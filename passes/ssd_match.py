@@ -22,11 +22,11 @@ import math
 import operator
 
 import torch
-from torch._guards import detect_fake_mode
 from torch.fx import GraphModule, Node
 
 from ssmcc.ops import SSMCC_OPS
 from ssmcc.passes.dim_labels import Labels, make_emitter, shape, unlabel_to, value
+from ssmcc.passes.rules import fake_mode_of
 from ssmcc.passes.scan_factoring import TIME, Atom, label_sizes, place_atom
 
 aten = torch.ops.aten
@@ -136,7 +136,7 @@ def groups_of(node: Node, heads: int) -> Node:
 def rewrite_ssd(match: SsdMatch, graph_module: GraphModule) -> None:
     """Insert ``ssd_scan`` for ``match`` and point the output's (and final state's) users at it."""
     graph = graph_module.graph
-    fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes if n.op == "placeholder"])
+    fake_mode = fake_mode_of(graph)
     emit = make_emitter(graph, fake_mode)
     before = set(graph.nodes)
     with graph.inserting_before(match.output):

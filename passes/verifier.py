@@ -18,12 +18,12 @@ import math
 import operator
 
 import torch
-from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
 from torch.fx import Node
 
 from ssmcc.errors import PassError
 from ssmcc.ops import is_ssmcc_op
+from ssmcc.passes.rules import fake_mode_of
 
 ALLOWED_NAMESPACES = {"aten", "prims", "ssmcc"}
 SYMBOLIC_ARITHMETIC = {
@@ -105,7 +105,7 @@ def verification_errors(program: ExportedProgram) -> list[str]:
     output_names = [getattr(s.arg, "name", None) for s in program.graph_signature.output_specs]
     if [getattr(o, "name", None) for o in outputs] != output_names:
         errors.append(f"output specs {output_names} do not match the output node")
-    fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes])
+    fake_mode = fake_mode_of(graph)
     for node in graph.nodes:
         if node.op != "call_function":
             continue

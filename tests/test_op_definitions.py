@@ -139,3 +139,26 @@ def test_bad_definitions_and_registrations_fail_naming_op_and_backend():
             register("test-backend", "ssd_scan", second)
     finally:
         REGISTRY.pop("test-backend")
+
+
+def test_an_onnx_emitter_whose_schema_disagrees_fails_naming_the_op():
+    pytest.importorskip("onnxscript")
+    from ssmcc.lowering.onnx.emitters import ONNX_TABLE
+    from ssmcc.lowering.onnx.registration import onnx_emitter
+
+    assert set(ONNX_TABLE) == set(ops.SSMCC_OPS)  # every op, each registered beside its emitter
+
+    def emit_rmsnorm_gated(x, z, weight, group_size, eps=1e-6, norm_before_gate=False):
+        return x
+
+    with pytest.raises(
+        OpDefinitionError,
+        match=r"backend 'onnx', emit_rmsnorm_gated for ssmcc.rmsnorm_gated: the schema of "
+        r"ssmcc.SsdScan has no input or attribute for weight, group_size, eps, norm_before_gate",
+    ):
+        onnx_emitter("rmsnorm_gated", "wrong node", node="SsdScan")(emit_rmsnorm_gated)
+    with pytest.raises(OpDefinitionError, match=r"emits ssmcc.RmsNorm, which has no schema"):
+        onnx_emitter("rmsnorm_gated", "unknown node", node="RmsNorm")(emit_rmsnorm_gated)
+    with pytest.raises(OpDefinitionError, match=r"backend 'onnx': no ssmcc op 'rms_norm'"):
+        onnx_emitter("rms_norm", "no such op")(emit_rmsnorm_gated)
+    assert ONNX_TABLE["rmsnorm_gated"].emit.__module__ == "ssmcc.lowering.onnx.emitters"

@@ -3,30 +3,37 @@
 Each emitter is a torch.onnx translation function (traced by onnxscript): it normalises the op's
 arguments to the fixed-arity ONNX form of ``schemas.py`` — zeros for absent ``D``, ``delta_bias``,
 ``bias`` and states, B/C as (b, g, n, l) with one group count (``_common_groups``),
-``has_z``/``activation`` attributes — and emits exactly one custom node. The table
-``ONNX_TABLE`` maps op name -> emitter.
+``has_z``/``activation`` attributes — and emits exactly one custom node. Each registers itself
+against its op (``registration.onnx_emitter``: its node's schema checked against the op's
+arguments at import); ``ONNX_TABLE`` (op name -> emitter) reads the registrations, these and
+the standard-op emitters of ``emitters_standard.py`` and ``quantized.py``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import onnx
 import onnxscript
 from onnx import helper
 from onnxscript import opset18 as op
 
-from ssmcc.lowering.onnx.emitters_standard import (
-    emit_attention,
-    emit_moe_experts,
-    emit_positions,
-)
-from ssmcc.lowering.onnx.quantized import emit_quantized_embedding, emit_quantized_linear
+import ssmcc.lowering.onnx.emitters_standard  # noqa: F401 (registers its emitters)
+import ssmcc.lowering.onnx.quantized  # noqa: F401 (registers its emitters)
+from ssmcc.lowering.onnx.registration import BACKEND, onnx_emitter
 from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
 from ssmcc.lowering.table import Emitter
 from ssmcc.ops.activations import activation_code
+from ssmcc.ops.backends import description, implementations
 
 SSMCC = onnxscript.values.Opset(DOMAIN, VERSION)
+# The fused Mamba-1 mixer's arguments its node carries under other names or in another node
+MAMBA_ELSEWHERE = {
+    "bcdt_rms_eps": "the rms_eps attribute (has_rms marks it set)",
+    "x_proj_scale": "the QuantizedMambaMixer(Step) node",
+    "dt_proj_scale": "the QuantizedMambaMixer(Step) node",
+}
 _ZERO = helper.make_tensor("value", onnx.TensorProto.FLOAT, [1], [0.0])
 
 
@@ -72,6 +79,11 @@ def _common_groups(B, C, A, grouped_rank: int):
     return _regroup(B, _dim(B, 1), target), _regroup(C, _dim(C, 1), target)
 
 
+@onnx_emitter(
+    "selective_scan",
+    "ssmcc.SelectiveScan node + portable Scan body",
+    node="SelectiveScan",
+)
 def emit_selective_scan(
     u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial_state=None
 ):
@@ -99,6 +111,11 @@ def emit_selective_scan(
     )
 
 
+@onnx_emitter(
+    "causal_conv1d",
+    "ssmcc.CausalConv1d node + portable body",
+    node="CausalConv1d",
+)
 def emit_causal_conv1d(x, weight, bias=None, initial_state=None, activation=None):
     if bias is None:
         bias = _zeros(_dim(weight, 0))
@@ -115,6 +132,11 @@ def emit_causal_conv1d(x, weight, bias=None, initial_state=None, activation=None
     )
 
 
+@onnx_emitter(
+    "selective_state_update",
+    "ssmcc.SelectiveStateUpdate node + portable body",
+    node="SelectiveStateUpdate",
+)
 def emit_selective_state_update(
     state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False
 ):
@@ -140,6 +162,11 @@ def emit_selective_state_update(
     )
 
 
+@onnx_emitter(
+    "causal_conv1d_update",
+    "ssmcc.CausalConv1dUpdate node + portable body",
+    node="CausalConv1dUpdate",
+)
 def emit_causal_conv1d_update(x, conv_state, weight, bias=None, activation=None):
     if bias is None:
         bias = _zeros(_dim(weight, 0))
@@ -162,6 +189,11 @@ def _per_head_D(D, heads, head_dim):
     return D
 
 
+@onnx_emitter(
+    "ssd_scan",
+    "ssmcc.SsdScan node + portable Scan body",
+    node="SsdScan",
+)
 def emit_ssd_scan(
     x,
     dt,
@@ -200,6 +232,11 @@ def emit_ssd_scan(
     )
 
 
+@onnx_emitter(
+    "ssd_state_update",
+    "ssmcc.SsdStateUpdate node + portable body",
+    node="SsdStateUpdate",
+)
 def emit_ssd_state_update(
     state,
     x,
@@ -236,6 +273,11 @@ def emit_ssd_state_update(
     )
 
 
+@onnx_emitter(
+    "rmsnorm_gated",
+    "ssmcc.RmsNormGated node + portable body",
+    node="RmsNormGated",
+)
 def emit_rmsnorm_gated(x, z, weight, group_size, eps=1e-6, norm_before_gate=False):
     has_z = z is not None
     return SSMCC.RmsNormGated(
@@ -291,6 +333,11 @@ def _mixer_attributes(
     )
 
 
+@onnx_emitter(
+    "ssd_mixer",
+    "ssmcc.SsdMixer node + portable body of the ops it fuses",
+    node="SsdMixer",
+)
 def emit_ssd_mixer(
     zxbcdt,
     conv_weight,
@@ -348,6 +395,11 @@ def emit_ssd_mixer(
     )
 
 
+@onnx_emitter(
+    "ssd_mixer_step",
+    "ssmcc.SsdMixerStep node + portable body of the ops it fuses",
+    node="SsdMixerStep",
+)
 def emit_ssd_mixer_step(
     zxbcdt,
     conv_weight,
@@ -463,6 +515,11 @@ def _mamba_mixer_node(
     )
 
 
+@onnx_emitter(
+    "mamba_mixer",
+    "ssmcc.MambaMixer node + portable body of the ops it fuses",
+    node="MambaMixer", elsewhere=MAMBA_ELSEWHERE,
+)
 def emit_mamba_mixer(
     zx,
     conv_weight,
@@ -504,6 +561,11 @@ def emit_mamba_mixer(
     )
 
 
+@onnx_emitter(
+    "mamba_mixer_step",
+    "ssmcc.MambaMixerStep node + portable body of the ops it fuses",
+    node="MambaMixerStep", elsewhere=MAMBA_ELSEWHERE,
+)
 def emit_mamba_mixer_step(
     zx,
     conv_weight,
@@ -545,42 +607,18 @@ def emit_mamba_mixer_step(
     )
 
 
-ONNX_TABLE: dict[str, Emitter] = {
-    "selective_scan": Emitter("ssmcc.SelectiveScan node + portable Scan body", emit_selective_scan),
-    "causal_conv1d": Emitter("ssmcc.CausalConv1d node + portable body", emit_causal_conv1d),
-    "selective_state_update": Emitter(
-        "ssmcc.SelectiveStateUpdate node + portable body", emit_selective_state_update
-    ),
-    "causal_conv1d_update": Emitter(
-        "ssmcc.CausalConv1dUpdate node + portable body", emit_causal_conv1d_update
-    ),
-    "ssd_scan": Emitter("ssmcc.SsdScan node + portable Scan body", emit_ssd_scan),
-    "ssd_state_update": Emitter("ssmcc.SsdStateUpdate node + portable body", emit_ssd_state_update),
-    "rmsnorm_gated": Emitter("ssmcc.RmsNormGated node + portable body", emit_rmsnorm_gated),
-    "ssd_mixer": Emitter("ssmcc.SsdMixer node + portable body of the ops it fuses", emit_ssd_mixer),
-    "ssd_mixer_step": Emitter(
-        "ssmcc.SsdMixerStep node + portable body of the ops it fuses", emit_ssd_mixer_step
-    ),
-    "mamba_mixer": Emitter(
-        "ssmcc.MambaMixer node + portable body of the ops it fuses", emit_mamba_mixer
-    ),
-    "mamba_mixer_step": Emitter(
-        "ssmcc.MambaMixerStep node + portable body of the ops it fuses", emit_mamba_mixer_step
-    ),
-    "attention": Emitter("standard ONNX ops (MatMul, Softmax, causal Where)", emit_attention),
-    "positions": Emitter("standard ONNX ops (Range, Add)", emit_positions),
-    "moe_experts": Emitter(
-        "ssmcc.MoeExperts / QuantizedMoeExperts node where the tokens are few (decode) + portable "
-        "body; standard ONNX ops elsewhere (per expert: NonZero, Gather, MatMul, ScatterND add)",
-        emit_moe_experts,
-    ),
-    "quantized_linear": Emitter(
-        "ssmcc.QuantizedLinear / HalfLinear node where rows are few (decode), + portable body; "
-        "standard DequantizeLinear (or Cast) + MatMul where rows include positions (prefill)",
-        emit_quantized_linear,
-    ),
-    "quantized_embedding": Emitter(
-        "standard ONNX ops (Gather, Cast, Mul)", emit_quantized_embedding
-    ),
-}
+class _Table(Mapping):
+    """op name -> ``Emitter`` (description, emit function), read from the registrations."""
+
+    def __getitem__(self, name: str) -> Emitter:
+        return Emitter(description(BACKEND, name), implementations(BACKEND)[name])
+
+    def __iter__(self):
+        return iter(implementations(BACKEND))
+
+    def __len__(self) -> int:
+        return len(implementations(BACKEND))
+
+
+ONNX_TABLE = _Table()
 ONNX_UNSUPPORTED: dict[str, str] = {}

@@ -27,6 +27,8 @@ import onnx
 from onnx import helper
 from onnxscript import opset18 as op
 
+from ssmcc.lowering.onnx.registration import onnx_emitter
+
 _MINUS_INF = helper.make_tensor("value", onnx.TensorProto.FLOAT, [], [float("-inf")])
 _INT_ZERO = helper.make_tensor("value", onnx.TensorProto.INT64, [1], [0])
 _FLOAT_ZERO = helper.make_tensor("value", onnx.TensorProto.FLOAT, [1], [0.0])
@@ -40,6 +42,7 @@ def _scalar(dim):
     return op.Squeeze(dim, [0])
 
 
+@onnx_emitter("attention", "standard ONNX ops (MatMul, Softmax, causal Where)")
 def emit_attention(query, key, value, scale, past_key=None, past_value=None):
     if past_key is None:
         keys, values = op.Identity(key), op.Identity(value)
@@ -68,6 +71,7 @@ def emit_attention(query, key, value, scale, past_key=None, past_value=None):
     return op.CastLike(out, query), keys, values
 
 
+@onnx_emitter("positions", "standard ONNX ops (Range, Add)")
 def emit_positions(input_ids, past_count=None):
     batch, length = _dim(input_ids, 0), _dim(input_ids, 1)
     if past_count is None:
@@ -128,6 +132,11 @@ def _experts_float(weights, scale):
     return op.Reshape(widened, op.Constant(value_ints=[experts, rows, cols]))
 
 
+@onnx_emitter(
+    "moe_experts",
+    "ssmcc.MoeExperts / QuantizedMoeExperts node where the tokens are few (decode) + portable "
+    "body; standard ONNX ops elsewhere (per expert: NonZero, Gather, MatMul, ScatterND add)",
+)
 def emit_moe_experts(
     hidden,
     top_k_index,

@@ -39,6 +39,7 @@ from onnx.defs import OpSchema
 from onnxscript import opset18 as op
 
 from ssmcc.kernels.cpu.linear_binding import SMALL_KERNEL_MAX_ROWS
+from ssmcc.lowering.onnx.registration import onnx_emitter
 from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
 
 SSMCC = onnxscript.values.Opset(DOMAIN, VERSION)
@@ -118,6 +119,11 @@ def _groups(scale) -> int | None:
     return shape[1] if shape is not None and isinstance(shape[1], int) else None
 
 
+@onnx_emitter(
+    "quantized_linear",
+    "ssmcc.QuantizedLinear / HalfLinear node where rows are few (decode), + portable body; "
+    "standard DequantizeLinear (or Cast) + MatMul where rows include positions (prefill)",
+)
 def emit_quantized_linear(x, weight, scale, bias=None):
     int8 = _is_int8(weight)
     if _few_rows(x):
@@ -143,6 +149,7 @@ def emit_quantized_linear(x, weight, scale, bias=None):
     return y if bias is None else op.Add(y, bias)
 
 
+@onnx_emitter("quantized_embedding", "standard ONNX ops (Gather, Cast, Mul)")
 def emit_quantized_embedding(ids, weight, scale):
     rows = op.Cast(op.Gather(weight, ids, axis=0), to=_FLOAT)
     scales = op.Gather(scale, ids, axis=0)
