@@ -16,34 +16,11 @@ import torch
 from torch import Tensor
 
 from ssmcc.kernels.cpu.build import build_torch_kernels
+from ssmcc.kernels.cpu.entry_points import signatures
 
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
-_WEIGHTS = [
-    _P,
-    _I32,
-    _I64,
-] * 2  # a mixer's x_proj, dt_proj: scale, storage, groups (mixer_weight.h)
-_SIGNATURES = {
-    "ssmcc_selective_scan_f32": [_P] * 11 + [_I64] * 6 + [_I32] * 2,
-    "ssmcc_causal_conv1d_f32": [_P] * 6 + [_I64] * 4 + [_I32] * 2,
-    "ssmcc_selective_state_update_f32": [_P] * 11 + [_I64] * 5 + [_I32] * 2,
-    "ssmcc_causal_conv1d_update_f32": [_P] * 6 + [_I64] * 3 + [_I32] * 2,
-    "ssmcc_ssd_scan_f32": [_P] * 11 + [_I64] * 11 + [_I32, _F32, _F32, _I32],
-    "ssmcc_ssd_state_update_f32": [_P] * 11 + [_I64] * 5 + [_I32, _F32, _F32, _I32],
-    "ssmcc_rmsnorm_gated_f32": [_P] * 4 + [_I64] * 3 + [_F32, _I32, _I32],
-    "ssmcc_ssd_mixer_f32": [_P] * 12 + [_I64] * 12 + [_I32] * 3 + [_F32] * 3 + [_I32],
-    "ssmcc_ssd_mixer_step_f32": [_P] * 12 + [_I64] * 11 + [_I32] * 3 + [_F32] * 3 + [_I32],
-    "ssmcc_linear_f32": [_P] * 4 + [_I64] * 3 + [_I32],
-    "ssmcc_quantized_linear": [_P, _P, _I32, _P, _P, _P] + [_I64] * 4 + [_I32],
-    "ssmcc_dequantize": [_P, _I32, _P, _P] + [_I64] * 3 + [_I32],
-    "ssmcc_mamba_mixer_f32": [_P] * 13 + [_I64] * 9 + [_I32] * 3 + [_F32] + _WEIGHTS + [_I32],
-    "ssmcc_mamba_mixer_step_f32": [_P] * 13 + [_I64] * 8 + [_I32] * 3 + [_F32] + _WEIGHTS + [_I32],
-    "ssmcc_add_f32": [_P] * 3 + [_I64],
-    "ssmcc_moe_experts": [_P] * 4
-    + [_I32, _P, _I64, _P, _I32, _P, _I64, _P]
-    + [_I64] * 5
-    + [_I32] * 3,
-}
+# Entry point -> ctypes argument types, from their declarations in torch_entry.h.
+_SIGNATURES = {name: [kind for _, kind in params] for name, params in signatures().items()}
 # What each parameter of an entry is: "p" a pointer, "i" an integer, "f" a float32.
 KINDS = {
     name: "".join("p" if t is _P else "f" if t is _F32 else "i" for t in argtypes)

@@ -201,11 +201,12 @@ def trt_selective_state_update_kernel(
     per_group = dim // groups
     _state_update_kernel(
         state_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, out_ptr, new_ptr,
+        x_ptr,  # no slot indices
         dim, nstate, per_group, per_group, -float("inf"), 0.0,
         dim * nstate, 0, nstate, 1, dim, 0, 1, dim, 0, 1, 0, nstate, 1,
         groups * nstate, nstate, 1, groups * nstate, nstate, 1, 0, 1, dim, 0, 1, 0, 1,
         dim, 0, 1, dim * nstate, 0, nstate, 1,
-        BLOCK_R, BLOCK_N, True, HAS_Z, True, SOFTPLUS, False,
+        BLOCK_R, BLOCK_N, True, HAS_Z, True, SOFTPLUS, False, False,
     )
 
 
@@ -217,10 +218,10 @@ def trt_causal_conv1d_update_kernel(
     WIDTH: tl.constexpr, BLOCK_D: tl.constexpr, ACTIVATION: tl.constexpr,
 ):
     _causal_conv1d_update_kernel(
-        x_ptr, state_ptr, w_ptr, bias_ptr, out_ptr, new_ptr,
+        x_ptr, state_ptr, w_ptr, bias_ptr, out_ptr, new_ptr, x_ptr,  # no slot indices
         dim,
         dim, 1, dim * (WIDTH - 1), WIDTH - 1, 1, WIDTH, 1, dim, 1, dim * (WIDTH - 1), WIDTH - 1, 1,
-        WIDTH, BLOCK_D, True, ACTIVATION,
+        WIDTH, BLOCK_D, True, ACTIVATION, False,
     )
 
 
@@ -249,13 +250,14 @@ def trt_ssd_state_update_kernel(
     per_group = heads * head_dim // groups  # channels (head rows) per B/C group
     _state_update_kernel(
         state_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, out_ptr, new_ptr,
+        x_ptr,  # no slot indices
         head_dim, nstate, per_group, per_group, DT_MIN, DT_MAX,
         heads * head_dim * nstate, head_dim * nstate, nstate, 1,
         heads * head_dim, head_dim, 1, heads, 1, 0, 1, 0, 0,
         groups * nstate, nstate, 1, groups * nstate, nstate, 1, head_dim, 1,
         heads * head_dim, head_dim, 1, 1, 0,
         heads * head_dim, head_dim, 1, heads * head_dim * nstate, head_dim * nstate, nstate, 1,
-        BLOCK_R, BLOCK_N, True, HAS_Z, True, SOFTPLUS, CLAMP_MAX,
+        BLOCK_R, BLOCK_N, True, HAS_Z, True, SOFTPLUS, CLAMP_MAX, False,
     )
 
 
