@@ -162,3 +162,35 @@ def test_an_onnx_emitter_whose_schema_disagrees_fails_naming_the_op():
     with pytest.raises(OpDefinitionError, match=r"backend 'onnx': no ssmcc op 'rms_norm'"):
         onnx_emitter("rms_norm", "no such op")(emit_rmsnorm_gated)
     assert ONNX_TABLE["rmsnorm_gated"].emit.__module__ == "ssmcc.lowering.onnx.emitters"
+
+
+@pytest.mark.parametrize("op", ["mamba_mixer", "ssd_mixer_step"])
+def test_a_field_added_to_a_mixers_arguments_fails_every_binding_naming_it(op):
+    """A test-only field added to the mixer's argument dataclass: the op's schema no longer
+    matches it (defining it so fails naming the op), and every backend's binding — the Triton
+    launcher, the ONNX emitter, both C++ bindings — fails its check, each named."""
+    import dataclasses
+
+    pytest.importorskip("triton")
+    pytest.importorskip("onnxscript")
+    import ssmcc.kernels.cpu.torch_binding  # noqa: F401 (the C++ bindings register)
+    import ssmcc.kernels.triton.registry  # noqa: F401 (the launchers register)
+    import ssmcc.lowering.onnx.emitters  # noqa: F401 (the emitters register)
+    from ssmcc.ops.backends import recheck
+
+    definition = DEFINITIONS[op]
+    assert recheck(definition) == []  # as defined, every binding fits
+    extended = dataclasses.make_dataclass(
+        "Extended", [("extra_gate", float, dataclasses.field(default=0.0))],
+        bases=(definition.arguments_class,),
+    )
+    with pytest.raises(OpDefinitionError, match=rf"ssmcc.{op}: its arguments dataclass Extended"):
+        define(definition.op, definition.reference, extended)
+    assert DEFINITIONS[op] is definition
+    problems = recheck(dataclasses.replace(definition, arguments_class=extended))
+    backends = sorted(line.split("'")[1] for line in problems)
+    assert backends == ["cpp", "cpp-verified", "onnx", "triton"], problems
+    for line in problems:  # each names its binding (module.function) and the missing field
+        binding = line.split(": ")[0].split(", ")[1]
+        assert binding.startswith(("ssmcc.kernels.", "ssmcc.lowering.")) and op in binding, line
+        assert "extra_gate" in line, line

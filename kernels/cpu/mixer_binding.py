@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from ssmcc.kernels.cpu.cpp_kernels import cpp_kernel
 from ssmcc.kernels.cpu.native import as_f32, call_kernel, pointer
 from ssmcc.kernels.cpu.quantized_binding import mixer_weight_args
 from ssmcc.kernels.cpu.ssd_binding import _per_channel_D
@@ -79,6 +80,7 @@ def _run(
     return y.to(zxbcdt.dtype), conv_out, ssm_out
 
 
+@cpp_kernel("ssd_mixer", verified=True)
 def _ssd_mixer(
     zxbcdt,
     conv_weight,
@@ -126,6 +128,7 @@ def _ssd_mixer(
     )
 
 
+@cpp_kernel("ssd_mixer")
 def ssd_mixer_cpu(
     zxbcdt,
     conv_weight,
@@ -191,6 +194,7 @@ def ssd_mixer_cpu(
     )
 
 
+@cpp_kernel("ssd_mixer_step", verified=True)
 def _ssd_mixer_step(
     zxbcdt,
     conv_weight,
@@ -238,6 +242,7 @@ def _ssd_mixer_step(
     )
 
 
+@cpp_kernel("ssd_mixer_step")
 def ssd_mixer_step_cpu(
     zxbcdt,
     conv_weight,
@@ -303,8 +308,6 @@ def ssd_mixer_step_cpu(
     )
 
 
-MIXER_KERNELS = {"ssd_mixer": ssd_mixer_cpu, "ssd_mixer_step": ssd_mixer_step_cpu}
-MIXER_VERIFIED_KERNELS = {"ssd_mixer": _ssd_mixer, "ssd_mixer_step": _ssd_mixer_step}
 
 
 def _run_mamba(
@@ -365,6 +368,7 @@ def _run_mamba(
     return y.to(zx.dtype), conv_out, ssm_out
 
 
+@cpp_kernel("mamba_mixer", verified=True)
 def _mamba_mixer(
     zx,
     conv_weight,
@@ -406,6 +410,7 @@ def _mamba_mixer(
     )
 
 
+@cpp_kernel("mamba_mixer")
 def mamba_mixer_cpu(
     zx,
     conv_weight,
@@ -465,6 +470,7 @@ def mamba_mixer_cpu(
     )
 
 
+@cpp_kernel("mamba_mixer_step", verified=True)
 def _mamba_mixer_step(
     zx,
     conv_weight,
@@ -506,6 +512,7 @@ def _mamba_mixer_step(
     )
 
 
+@cpp_kernel("mamba_mixer_step")
 def mamba_mixer_step_cpu(
     zx,
     conv_weight,
@@ -565,5 +572,3 @@ def mamba_mixer_step_cpu(
     )
 
 
-MIXER_KERNELS |= {"mamba_mixer": mamba_mixer_cpu, "mamba_mixer_step": mamba_mixer_step_cpu}
-MIXER_VERIFIED_KERNELS |= {"mamba_mixer": _mamba_mixer, "mamba_mixer_step": _mamba_mixer_step}

@@ -11,16 +11,16 @@ lowering's) skips them; the C++ contract check runs either way.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
+from ssmcc.kernels.cpu.cpp_kernels import cpp_kernel
 from ssmcc.kernels.cpu.linear_binding import SMALL_KERNEL_MAX_ROWS
 from ssmcc.kernels.cpu.native import as_f32, call_kernel, pointer
 from ssmcc.kernels.cpu.quantized_binding import mixer_weight_args
 from ssmcc.ops.moe_experts import ACTIVATIONS, check_moe_experts_args, moe_experts_ref
 
 
+@cpp_kernel("moe_experts", verified=True)
 def _moe_experts(
     hidden,
     top_k_index,
@@ -68,17 +68,21 @@ def _moe_experts(
     return out.to(hidden.dtype)
 
 
-_SIGNATURE = inspect.signature(_moe_experts)
+@cpp_kernel("moe_experts")
+def moe_experts_cpu(
+    hidden,
+    top_k_index,
+    top_k_weights,
+    up,
+    down,
+    activation="silu",
+    gated=True,
+    up_scale=None,
+    down_scale=None,
+):
+    """Checked entry point: the op's shape rules, then the kernel."""
+    args = (hidden, top_k_index, top_k_weights, up, down, activation, gated, up_scale, down_scale)
+    check_moe_experts_args(*args)
+    return _moe_experts(*args)
 
 
-def moe_experts_cpu(*args, **kwargs):
-    """Checked entry point: the op's shape rules, then the kernel (arguments as the op takes
-    them)."""
-    bound = _SIGNATURE.bind(*args, **kwargs)
-    bound.apply_defaults()
-    check_moe_experts_args(*bound.args)
-    return _moe_experts(*bound.args)
-
-
-MOE_KERNELS = {"moe_experts": moe_experts_cpu}
-MOE_VERIFIED_KERNELS = {"moe_experts": _moe_experts}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ssmcc.kernels.cpu.cpp_kernels import cpp_kernel
 from ssmcc.kernels.cpu.linear_binding import SMALL_KERNEL_MAX_ROWS, dense_linear
 from ssmcc.kernels.cpu.native import as_f32, call_kernel, pointer
 from ssmcc.ops.quantized_linear import check_quantized_linear_args
@@ -48,6 +49,7 @@ def dequantize_cpu(weight, scale):
     return out
 
 
+@cpp_kernel("quantized_linear", verified=True)
 def _quantized_linear(x, weight, scale, bias=None):
     in_features = x.shape[-1]
     rows = x.numel() // in_features if in_features else 0
@@ -74,11 +76,10 @@ def _quantized_linear(x, weight, scale, bias=None):
     return y.to(x.dtype)
 
 
+@cpp_kernel("quantized_linear")
 def quantized_linear_cpu(x, weight, scale, bias=None):
     """Checked entry point: the op's shape rules, then the kernel."""
     check_quantized_linear_args(x, weight, scale, bias)
     return _quantized_linear(x, weight, scale, bias)
 
 
-QUANTIZED_KERNELS = {"quantized_linear": quantized_linear_cpu}
-QUANTIZED_VERIFIED_KERNELS = {"quantized_linear": _quantized_linear}

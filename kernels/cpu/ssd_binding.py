@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from ssmcc.kernels.cpu.cpp_kernels import cpp_kernel
 from ssmcc.kernels.cpu.native import as_f32, call_kernel, pointer, token_rows
 from ssmcc.ops.rmsnorm_gated import check_rmsnorm_gated_args
 from ssmcc.ops.ssd_scan import check_ssd_scan_args
@@ -26,6 +27,7 @@ def _per_channel_D(D, heads: int, head_dim: int):
     return D[:, None].expand(heads, head_dim) if D.dim() == 1 else D
 
 
+@cpp_kernel("ssd_scan", verified=True)
 def _ssd_scan(
     x,
     dt,
@@ -74,6 +76,7 @@ def _ssd_scan(
     return out.to(dtype), final
 
 
+@cpp_kernel("ssd_scan")
 def ssd_scan_cpu(
     x,
     dt,
@@ -93,6 +96,7 @@ def ssd_scan_cpu(
     return _ssd_scan(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_min, dt_max, initial_state)
 
 
+@cpp_kernel("ssd_state_update", verified=True)
 def _ssd_state_update(
     state,
     x,
@@ -130,6 +134,7 @@ def _ssd_state_update(
     return out.to(x.dtype), new_state
 
 
+@cpp_kernel("ssd_state_update")
 def ssd_state_update_cpu(
     state,
     x,
@@ -149,6 +154,7 @@ def ssd_state_update_cpu(
     return _ssd_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_min, dt_max)
 
 
+@cpp_kernel("rmsnorm_gated", verified=True)
 def _rmsnorm_gated(x, z, weight, group_size, eps=1e-6, norm_before_gate=False):
     dim = x.shape[-1]
     rows = x.numel() // dim if dim else 0
@@ -168,19 +174,8 @@ def _rmsnorm_gated(x, z, weight, group_size, eps=1e-6, norm_before_gate=False):
     return out.to(x.dtype)
 
 
+@cpp_kernel("rmsnorm_gated")
 def rmsnorm_gated_cpu(x, z, weight, group_size, eps=1e-6, norm_before_gate=False):
     """Checked entry point: the op's shape rules, then the kernel."""
     check_rmsnorm_gated_args(x, z, weight, group_size)
     return _rmsnorm_gated(x, z, weight, group_size, eps, norm_before_gate)
-
-
-SSD_KERNELS = {
-    "ssd_scan": ssd_scan_cpu,
-    "ssd_state_update": ssd_state_update_cpu,
-    "rmsnorm_gated": rmsnorm_gated_cpu,
-}
-SSD_VERIFIED_KERNELS = {
-    "ssd_scan": _ssd_scan,
-    "ssd_state_update": _ssd_state_update,
-    "rmsnorm_gated": _rmsnorm_gated,
-}

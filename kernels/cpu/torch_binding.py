@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import torch
 
-from ssmcc.kernels.cpu.mixer_binding import MIXER_KERNELS, MIXER_VERIFIED_KERNELS
-from ssmcc.kernels.cpu.moe_binding import MOE_KERNELS, MOE_VERIFIED_KERNELS
+import ssmcc.kernels.cpu.mixer_binding  # noqa: F401 (registers its bindings)
+import ssmcc.kernels.cpu.moe_binding  # noqa: F401 (registers its bindings)
+import ssmcc.kernels.cpu.quantized_binding  # noqa: F401 (registers its bindings)
+import ssmcc.kernels.cpu.ssd_binding  # noqa: F401 (registers its bindings)
+from ssmcc.kernels.cpu.cpp_kernels import checked_kernels, cpp_kernel, verified_kernels
 from ssmcc.kernels.cpu.native import as_f32, available, call_kernel, library, pointer  # noqa: F401
-from ssmcc.kernels.cpu.quantized_binding import QUANTIZED_KERNELS, QUANTIZED_VERIFIED_KERNELS
-from ssmcc.kernels.cpu.ssd_binding import SSD_KERNELS, SSD_VERIFIED_KERNELS
 from ssmcc.ops.activations import activation_code
 from ssmcc.ops.causal_conv1d import check_causal_conv1d_args, check_causal_conv1d_update_args
 from ssmcc.ops.selective_scan import check_selective_scan_args
 from ssmcc.ops.selective_state_update import check_selective_state_update_args
 
 
+@cpp_kernel("selective_scan")
 def selective_scan_cpu(
     u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial_state=None
 ):
@@ -31,6 +33,7 @@ def selective_scan_cpu(
     return _selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state)
 
 
+@cpp_kernel("selective_scan", verified=True)
 def _selective_scan(
     u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial_state=None
 ):
@@ -57,12 +60,14 @@ def _selective_scan(
     return out.to(u.dtype), last
 
 
+@cpp_kernel("causal_conv1d")
 def causal_conv1d_cpu(x, weight, bias=None, initial_state=None, activation=None):
     """Checked entry point: the op's shape rules, then the kernel."""
     check_causal_conv1d_args(x, weight, bias, initial_state)
     return _causal_conv1d(x, weight, bias, initial_state, activation)
 
 
+@cpp_kernel("causal_conv1d", verified=True)
 def _causal_conv1d(x, weight, bias=None, initial_state=None, activation=None):
     batch, dim, length = x.shape
     width = weight.shape[1]
@@ -84,6 +89,7 @@ def _causal_conv1d(x, weight, bias=None, initial_state=None, activation=None):
     return out.to(x.dtype), final
 
 
+@cpp_kernel("selective_state_update")
 def selective_state_update_cpu(
     state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False
 ):
@@ -92,6 +98,7 @@ def selective_state_update_cpu(
     return _selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
 
 
+@cpp_kernel("selective_state_update", verified=True)
 def _selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
     batch, dim, n = state.shape
     B3 = B if B.dim() == 3 else B.unsqueeze(1)
@@ -115,12 +122,14 @@ def _selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
     return out.to(x.dtype), new_state
 
 
+@cpp_kernel("causal_conv1d_update")
 def causal_conv1d_update_cpu(x, conv_state, weight, bias=None, activation=None):
     """Checked entry point: the op's shape rules, then the kernel."""
     check_causal_conv1d_update_args(x, conv_state, weight, bias)
     return _causal_conv1d_update(x, conv_state, weight, bias, activation)
 
 
+@cpp_kernel("causal_conv1d_update", verified=True)
 def _causal_conv1d_update(x, conv_state, weight, bias=None, activation=None):
     batch, dim = x.shape
     args = [as_f32(t) for t in (x, conv_state, weight, bias)]
@@ -140,25 +149,6 @@ def _causal_conv1d_update(x, conv_state, weight, bias=None, activation=None):
     return out.to(x.dtype), new_state
 
 
-KERNELS = {
-    "selective_scan": selective_scan_cpu,
-    "causal_conv1d": causal_conv1d_cpu,
-    "selective_state_update": selective_state_update_cpu,
-    "causal_conv1d_update": causal_conv1d_update_cpu,
-    **SSD_KERNELS,
-    **MIXER_KERNELS,
-    **QUANTIZED_KERNELS,
-    **MOE_KERNELS,
-}
-# For programs whose shapes the IR verifier already checked against the ops' fake
-# implementations (the torch lowering): no per-call Python shape checks.
-VERIFIED_PROGRAM_KERNELS = {
-    "selective_scan": _selective_scan,
-    "causal_conv1d": _causal_conv1d,
-    "selective_state_update": _selective_state_update,
-    "causal_conv1d_update": _causal_conv1d_update,
-    **SSD_VERIFIED_KERNELS,
-    **MIXER_VERIFIED_KERNELS,
-    **QUANTIZED_VERIFIED_KERNELS,
-    **MOE_VERIFIED_KERNELS,
-}
+# op -> binding, read from the registrations of this module and the binding modules it imports
+KERNELS = checked_kernels()  # with the op's argument checks
+VERIFIED_PROGRAM_KERNELS = verified_kernels()  # without: the IR verifier checked the program

@@ -24,6 +24,7 @@ from ssmcc.ops.definition import OpDefinition, OpDefinitionError, definition_of
 class Registration:
     implementation: object
     description: str
+    check: object = None  # Check, kept to check the implementation again (``recheck``)
 
 
 REGISTRY: dict[str, dict[str, Registration]] = {}
@@ -51,7 +52,7 @@ def register(backend: str, op, implementation, *, description: str = "", check: 
             f"backend {backend!r} registers two implementations of ssmcc.{name}: "
             f"{getattr(earlier.implementation, '__name__', earlier.implementation)} and {what}"
         )
-    table[name] = Registration(implementation, description or what)
+    table[name] = Registration(implementation, description or what, check)
     return implementation
 
 
@@ -100,3 +101,19 @@ def takes_op_arguments(definition: OpDefinition, implementation) -> str | None:
     if have[: len(wanted)] == wanted:
         return None
     return f"takes ({', '.join(have)}); the op's arguments are ({', '.join(wanted)}), first"
+
+
+def recheck(definition: OpDefinition) -> list[str]:
+    """Every registered implementation of ``definition``'s op checked again against it (e.g. a
+    definition whose arguments changed): one line per binding that no longer fits, naming it."""
+    problems = []
+    for backend, table in REGISTRY.items():
+        registration = table.get(definition.name)
+        if registration is None or registration.check is None:
+            continue
+        problem = registration.check(definition, registration.implementation)
+        if problem:
+            what = getattr(registration.implementation, "__qualname__", registration.implementation)
+            module = getattr(registration.implementation, "__module__", "?")
+            problems.append(f"backend {backend!r}, {module}.{what}: {problem}")
+    return problems

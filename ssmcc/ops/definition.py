@@ -29,11 +29,13 @@ class OpDefinitionError(SSMCCError):
 
 @dataclasses.dataclass(frozen=True)
 class OpDefinition:
-    """An ssmcc op: its name (``torch.ops.ssmcc.<name>``), its custom op and its reference."""
+    """An ssmcc op: its name (``torch.ops.ssmcc.<name>``), its custom op, its reference, and for
+    an op with many arguments (the fused mixers) the dataclass that names them."""
 
     name: str
     op: object  # torch.library.CustomOpDef
     reference: Callable
+    arguments_class: type | None = None
 
     @property
     def overload(self):
@@ -41,23 +43,36 @@ class OpDefinition:
         return self.op._opoverload
 
     @property
-    def arguments(self) -> list[str]:
-        """The schema's argument names, in order."""
+    def schema_arguments(self) -> list[str]:
         return [a.name for a in self.overload._schema.arguments]
+
+    @property
+    def arguments(self) -> list[str]:
+        """The op's argument names, in order: its dataclass's fields, else its schema's."""
+        if self.arguments_class is not None:
+            return [f.name for f in dataclasses.fields(self.arguments_class)]
+        return self.schema_arguments
 
 
 DEFINITIONS: dict[str, OpDefinition] = {}
 
 
-def define(op, reference: Callable) -> OpDefinition:
+def define(op, reference: Callable, arguments: type | None = None) -> OpDefinition:
     """Record ``op`` (a ``torch.library.custom_op`` in the ``ssmcc`` namespace) with its
-    reference; ``OpDefinitionError`` naming the op where they disagree or it is defined twice."""
+    reference (and its arguments' dataclass); ``OpDefinitionError`` naming the op where they
+    disagree or it is defined twice."""
     namespace, name = getattr(op, "_namespace", None), getattr(op, "_name", None)
     if namespace != "ssmcc" or not name:
         raise OpDefinitionError(
             f"define() takes a torch.library.custom_op in the ssmcc namespace, got {op!r}"
         )
-    definition = OpDefinition(name, op, reference)
+    definition = OpDefinition(name, op, reference, arguments)
+    if definition.arguments != definition.schema_arguments:
+        raise OpDefinitionError(
+            f"ssmcc.{name}: its arguments dataclass {arguments.__name__} has fields "
+            f"({', '.join(definition.arguments)}), the schema "
+            f"({', '.join(definition.schema_arguments)})"
+        )
     wanted = definition.arguments
     have = list(inspect.signature(reference).parameters)
     if have != wanted:

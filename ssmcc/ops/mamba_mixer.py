@@ -44,6 +44,8 @@ matmuls. ``fuse_scan_norm_mlp`` makes it from the unfused ops (rule ``mamba_mixe
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor
 
@@ -157,6 +159,31 @@ def _projections(xc: Tensor, x_proj, dt_proj, s: dict, bcdt_rms_eps):
     if bcdt_rms_eps is not None:
         dt_r, B, C = (_rms(v, bcdt_rms_eps) for v in (dt_r, B, C))
     return dt_r @ _dense(*dt_proj).T, B, C
+
+
+@dataclasses.dataclass
+class MambaMixerArgs:
+    """The arguments of ``mamba_mixer`` and ``mamba_mixer_step``, in order (the step takes every
+    one, its states required): the one list each backend's binding is checked against when it
+    registers (``ssmcc.ops.backends``)."""
+
+    zx: Tensor
+    conv_weight: Tensor
+    conv_bias: Tensor | None
+    x_proj_weight: Tensor
+    dt_proj_weight: Tensor
+    A: Tensor
+    D: Tensor | None
+    dt_bias: Tensor | None
+    x_offset: int
+    z_offset: int
+    activation: str | None = "silu"
+    delta_softplus: bool = True
+    bcdt_rms_eps: float | None = None
+    conv_state: Tensor | None = None
+    ssm_state: Tensor | None = None
+    x_proj_scale: Tensor | None = None
+    dt_proj_scale: Tensor | None = None
 
 
 def mamba_mixer_ref(
@@ -490,5 +517,5 @@ register_state_contract(
     ),
 )
 
-MAMBA_MIXER = define(mamba_mixer, mamba_mixer_ref)
-MAMBA_MIXER_STEP = define(mamba_mixer_step, mamba_mixer_step_ref)
+MAMBA_MIXER = define(mamba_mixer, mamba_mixer_ref, MambaMixerArgs)
+MAMBA_MIXER_STEP = define(mamba_mixer_step, mamba_mixer_step_ref, MambaMixerArgs)

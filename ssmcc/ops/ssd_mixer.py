@@ -43,6 +43,8 @@ makes these ops from the unfused ones (rule ``ssd_mixer``).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor
 
@@ -167,6 +169,34 @@ def split_xbc(xbc: Tensor, s: dict):
         B.reshape(*lead, s["groups"], s["state"]),
         C.reshape(*lead, s["groups"], s["state"]),
     )
+
+
+@dataclasses.dataclass
+class SsdMixerArgs:
+    """The arguments of ``ssd_mixer`` and ``ssd_mixer_step``, in order (the step takes every one,
+    its states required): the one list each backend's binding is checked against when it
+    registers (``ssmcc.ops.backends``)."""
+
+    zxbcdt: Tensor
+    conv_weight: Tensor
+    conv_bias: Tensor | None
+    A: Tensor
+    D: Tensor | None
+    dt_bias: Tensor | None
+    norm_weight: Tensor
+    groups: int
+    z_offset: int
+    xbc_offset: int
+    dt_offset: int
+    norm_group_size: int
+    eps: float = 1e-6
+    norm_before_gate: bool = False
+    activation: str | None = "silu"
+    dt_softplus: bool = True
+    dt_min: float = 0.0
+    dt_max: float | None = None
+    conv_state: Tensor | None = None
+    ssm_state: Tensor | None = None
 
 
 def ssd_mixer_ref(
@@ -512,5 +542,5 @@ register_state_contract(
     ),
 )
 
-SSD_MIXER = define(ssd_mixer, ssd_mixer_ref)
-SSD_MIXER_STEP = define(ssd_mixer_step, ssd_mixer_step_ref)
+SSD_MIXER = define(ssd_mixer, ssd_mixer_ref, SsdMixerArgs)
+SSD_MIXER_STEP = define(ssd_mixer_step, ssd_mixer_step_ref, SsdMixerArgs)
