@@ -3,7 +3,8 @@
 decode runs for Jamba's and Zamba's Mamba-1 layers and ``pipeline="unfused"``), in Triton's
 interpreter, against the same launchers on the gathered states: each live row's output and new
 state equal, written in place at its slot; the other slots bitwise untouched; a padding row's
-output zeros; int32 and int64 indices; bad indices and pools are one-line errors naming the op.
+output zeros; int32 and int64 indices, float32 and float16 inputs; bad indices and pools are
+one-line errors naming the op.
 """
 
 from __future__ import annotations
@@ -73,11 +74,16 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize(
+    "index_dtype,dtype",
+    [(torch.int32, torch.float32), (torch.int64, torch.float32), (torch.int32, torch.float16)],
+)
 @pytest.mark.parametrize("op", list(CASES))
-def test_rows_read_and_write_their_slots_in_place(op, index_dtype):
+def test_rows_read_and_write_their_slots_in_place(op, index_dtype, dtype):
+    """float16 inputs: the per-row tensors (the state pool stays float32)."""
     launcher, make, state_name = CASES[op]
     args = make(torch.Generator().manual_seed(len(op)), len(ROWS))
+    args = {k: v.to(dtype) if _per_row(k, v) else v for k, v in args.items()}
     pool = args[state_name]
     before = pool.clone()
     indices = torch.tensor(ROWS, dtype=index_dtype)
