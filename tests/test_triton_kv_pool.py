@@ -161,7 +161,7 @@ def test_pool_kernels_build_for_sm90_without_spills():
                 found.setdefault(spec.key, spec)
     kernels = aot._jit_functions()
     assert {s.kernel for s in found.values()} == {
-        "_kv_pool_write_kernel", "_kv_pool_split_kernel", "_kv_pool_combine_kernel",
+        "_kv_pool_write_kernel", "_kv_pool_split_kernel", "_attention_combine_kernel",
         "_count_kernel",
     }
     for spec in found.values():

@@ -176,13 +176,17 @@ def _attention_combine_kernel(
         n = tl.load(n_ptr + row + s, mask=s < splits, other=0.0)
         part = tl.load(acc_ptr + (row + s[:, None]) * value_dim + e[None, :],
                        mask=(s[:, None] < splits) & (e[None, :] < value_dim), other=0.0)
-        best_new = tl.maximum(best, tl.max(m, axis=0))  # finite: split 0 holds key 0, seen by all
-        weight = tl.exp(m - best_new)
-        rescale = tl.exp(best - best_new)
+        best_new = tl.maximum(best, tl.max(m, axis=0))
+        # finite once split 0 is in (it holds key 0, seen by every row); -inf only for a row
+        # that saw nothing (a padding row of the pooled decode: its out is zeros)
+        safe = tl.where(best_new == float("-inf"), 0.0, best_new)
+        weight = tl.exp(m - safe)
+        rescale = tl.exp(best - safe)
         norm = norm * rescale + tl.sum(n * weight, axis=0)
         acc = acc * rescale + tl.sum(part * weight[:, None], axis=0)
         best = best_new
-    tl.store(out_ptr + b * s_ob + h * s_oh + i * s_ol + e * s_oe, acc / norm, mask=e < value_dim)
+    out = acc / tl.where(norm == 0.0, 1.0, norm)
+    tl.store(out_ptr + b * s_ob + h * s_oh + i * s_ol + e * s_oe, out, mask=e < value_dim)
 
 
 def _cache(new, past):
@@ -213,32 +217,51 @@ def split_keys(total: int, lanes: int, block_n: int, split: int, programs: int) 
     return per_split * block_n
 
 
+class SplitDecode:
+    """The split-key decode's launch plan for ``query`` (b, h, l, d) over ``total`` keys of
+    ``kv_heads`` heads (the cache's length, or a pool's capacity): meta-parameters, lanes, keys
+    per split, and the float32 partials (m, n (b, h, l, splits); acc (b, h, l, splits, e))."""
+
+    def __init__(self, query, kv_heads: int, total: int, value_dim: int, dot16: bool):
+        batch, heads, length, head_dim = query.shape
+        gpu = configs.ATTENTION_DECODE_GPU if dot16 else configs.ATTENTION_DECODE_F32_GPU
+        self.tiles = tiles = configs.pick(query.device, gpu, configs.ATTENTION_DECODE_CPU)
+        rows = heads // kv_heads * length
+        self.block_m = configs.rows_block(rows, tiles["block_m"])
+        self.lanes = batch * kv_heads * -(-rows // self.block_m)
+        self.split_len = split_keys(
+            total, self.lanes, tiles["block_n"], tiles["split"], tiles["programs"]
+        )
+        self.splits = -(-total // self.split_len)
+        self.block_d = max(16, next_power_of_2(head_dim))
+        self.block_e = max(16, next_power_of_2(value_dim))
+        f32 = dict(dtype=torch.float32, device=query.device)
+        self.m = torch.empty((batch, heads, length, self.splits), **f32)
+        self.norm = torch.empty((batch, heads, length, self.splits), **f32)
+        self.acc = torch.empty((batch, heads, length, self.splits, value_dim), **f32)
+
+    def combine(self, out) -> None:
+        """Merge each query row's splits into ``out`` (b, h, l, e)."""
+        batch, heads, length, value_dim = out.shape
+        launch(_attention_combine_kernel, (batch * heads, length))(
+            self.m, self.norm, self.acc, out, heads, length, value_dim, self.splits,
+            *out.stride(), BLOCK_S=self.tiles["block_s"], BLOCK_E=self.block_e,
+            num_warps=self.tiles["combine_warps"],
+        )
+
+
 def _decode(query, keys, values, out, scale: float, dot16: bool) -> None:
     batch, heads, length, head_dim = query.shape
     kv_heads, total, value_dim = keys.shape[1], keys.shape[2], values.shape[3]
-    gpu = configs.ATTENTION_DECODE_GPU if dot16 else configs.ATTENTION_DECODE_F32_GPU
-    tiles = configs.pick(query.device, gpu, configs.ATTENTION_DECODE_CPU)
-    rows = heads // kv_heads * length
-    block_m = configs.rows_block(rows, tiles["block_m"])
-    lanes = batch * kv_heads * -(-rows // block_m)
-    split_len = split_keys(total, lanes, tiles["block_n"], tiles["split"], tiles["programs"])
-    splits = -(-total // split_len)
-    f32 = dict(dtype=torch.float32, device=query.device)
-    m = torch.empty((batch, heads, length, splits), **f32)
-    norm = torch.empty((batch, heads, length, splits), **f32)
-    acc = torch.empty((batch, heads, length, splits, value_dim), **f32)
-    block_e = max(16, next_power_of_2(value_dim))
-    launch(_attention_split_kernel, (lanes, splits))(
-        query, keys, values, m, norm, acc, heads, heads // kv_heads, length, total - length,
-        head_dim, value_dim, split_len, splits, float(scale), *query.stride(), *keys.stride(),
-        *values.stride(), BLOCK_M=block_m, BLOCK_N=tiles["block_n"],
-        BLOCK_D=max(16, next_power_of_2(head_dim)), BLOCK_E=block_e, DOT16=dot16,
-        num_warps=tiles["num_warps"],
+    plan = SplitDecode(query, kv_heads, total, value_dim, dot16)
+    launch(_attention_split_kernel, (plan.lanes, plan.splits))(
+        query, keys, values, plan.m, plan.norm, plan.acc, heads, heads // kv_heads, length,
+        total - length, head_dim, value_dim, plan.split_len, plan.splits, float(scale),
+        *query.stride(), *keys.stride(), *values.stride(), BLOCK_M=plan.block_m,
+        BLOCK_N=plan.tiles["block_n"], BLOCK_D=plan.block_d, BLOCK_E=plan.block_e, DOT16=dot16,
+        num_warps=plan.tiles["num_warps"],
     )
-    launch(_attention_combine_kernel, (batch * heads, length))(
-        m, norm, acc, out, heads, length, value_dim, splits, *out.stride(),
-        BLOCK_S=tiles["block_s"], BLOCK_E=block_e, num_warps=tiles["combine_warps"],
-    )
+    plan.combine(out)
 
 
 @launcher("attention")

@@ -24,7 +24,7 @@ def launcher(op: str):
     def decorate(function):
         file = pathlib.Path(function.__code__.co_filename).name
         return implements(
-            "triton", op, description=f"Triton: kernels/triton/{file} ({function.__name__})",
+            "triton", op, description=_description(file, function.__name__),
             check=takes_op_arguments,
         )(function)
 
@@ -57,9 +57,12 @@ def launchers() -> dict[str, tuple[str, str]]:
     return found
 
 
-def describe(op: str) -> str:
-    file, name = launchers()[op]
+def _description(file: str, name: str) -> str:
     return f"Triton: kernels/triton/{file} ({name})"
+
+
+def describe(op: str) -> str:
+    return _description(*launchers()[op])
 
 
 # Each kernel's launch grid as a rule of the sizes its launcher sees (for a runtime that launches
@@ -101,7 +104,6 @@ GRID_RULES = {
     "_kv_pool_write_kernel": "(batch, kv_heads)",
     "_kv_pool_split_kernel": "(batch * kv_heads * cdiv(heads / kv_heads, BLOCK_M), "
     "cdiv(capacity, split_len))",
-    "_kv_pool_combine_kernel": "(batch * heads,)",
     "_count_kernel": "(cdiv(rows, BLOCK),)",
     "_moe_up_kernel": "(tokens * top_k, cdiv(width, BLOCK_W))",
     "_moe_down_kernel": "(tokens, cdiv(dim, BLOCK_D))",

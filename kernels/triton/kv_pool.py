@@ -20,10 +20,10 @@ pooled ``ssmcc.positions`` (a (S, 1) int64 count per slot, the rotary position o
 Launches per attention layer: ``_kv_pool_write_kernel`` (grid (B, g)), then the split-key decode
 of ``attention.py`` over the pools (``_kv_pool_split_kernel``: grid (B * g * cdiv(h/g, BLOCK_M),
 cdiv(C, split_len)), a split past a row's t + 1 keys attends nothing and leaves ``m = -inf,
-n = 0``) and ``_kv_pool_combine_kernel`` (grid (B * h,)), which merges a row's splits
-(``M = max_s m_s``, ``out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) n_s``; split 0 holds key 0,
-so M is finite for a live row). The grid depends on the capacity, not on t: one launch replays
-for every token of a generation.
+n = 0``; a padding row's every split does) and ``attention.py``'s combine of the splits
+(``SplitDecode``: the same launch plan and partials as the eager decode, at l = 1; a padding row
+comes out zeros). The grid depends on the capacity, not on t: one launch replays for every token
+of a generation.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ssmcc.kernels.triton import configs, online_softmax
-from ssmcc.kernels.triton.attention import split_keys
+from ssmcc.kernels.triton.attention import SplitDecode
 from ssmcc.kernels.triton.runtime import launch, next_power_of_2
 from ssmcc.kernels.triton.slots import check_indices
 from ssmcc.ops._shapes import expect
@@ -106,37 +106,6 @@ def _kv_pool_split_kernel(
 
 
 @triton.jit
-def _kv_pool_combine_kernel(
-    m_ptr, n_ptr, acc_ptr, out_ptr,
-    heads, value_dim, splits, s_ob, s_oh, s_oe,
-    BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
-):
-    b = tl.program_id(0) // heads
-    h = tl.program_id(0) % heads
-    row = tl.program_id(0) * splits  # first split of (b, h)
-    e = tl.arange(0, BLOCK_E)
-    best = float("-inf")
-    norm = 0.0
-    acc = tl.zeros((BLOCK_E,), dtype=tl.float32)
-    for s0 in range(0, splits, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)
-        inside = s < splits
-        m = tl.load(m_ptr + row + s, mask=inside, other=float("-inf"))
-        n = tl.load(n_ptr + row + s, mask=inside, other=0.0)
-        part = tl.load(acc_ptr + (row + s[:, None]) * value_dim + e[None, :],
-                       mask=inside[:, None] & (e[None, :] < value_dim), other=0.0)
-        best_new = tl.maximum(best, tl.max(m, axis=0))
-        safe = tl.where(best_new == float("-inf"), 0.0, best_new)  # a padding row: nothing seen
-        weight = tl.exp(m - safe)
-        rescale = tl.exp(best - safe)
-        norm = norm * rescale + tl.sum(n * weight, axis=0)
-        acc = acc * rescale + tl.sum(part * weight[:, None], axis=0)
-        best = best_new
-    out = acc / tl.where(norm == 0.0, 1.0, norm)
-    tl.store(out_ptr + b * s_ob + h * s_oh + e * s_oe, out, mask=e < value_dim)
-
-
-@triton.jit
 def _count_kernel(counts_ptr, slots_ptr, read_ptr, rows, s_count, BLOCK: tl.constexpr,
                   READ: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -198,30 +167,16 @@ def attention_pool_step_fwd(query, key, value, scale: float, key_pool, value_poo
             new.stride(3), *pool.stride(), BLOCK_D=next_power_of_2(width), num_warps=1,
         )
     dot16 = configs.dot16(query.device, query.dtype, key_pool.dtype, value_pool.dtype)
-    gpu = configs.ATTENTION_DECODE_GPU if dot16 else configs.ATTENTION_DECODE_F32_GPU
-    tiles = configs.pick(query.device, gpu, configs.ATTENTION_DECODE_CPU)
-    rows = heads // kv_heads
-    block_m = configs.rows_block(rows, tiles["block_m"])
-    lanes = batch * kv_heads * -(-rows // block_m)
-    split_len = split_keys(capacity, lanes, tiles["block_n"], tiles["split"], tiles["programs"])
-    splits = -(-capacity // split_len)
-    f32 = dict(dtype=torch.float32, device=query.device)
-    m = torch.empty((batch, heads, splits), **f32)
-    norm = torch.empty((batch, heads, splits), **f32)
-    acc = torch.empty((batch, heads, splits, value_dim), **f32)
-    block_e = max(16, next_power_of_2(value_dim))
-    launch(_kv_pool_split_kernel, (lanes, splits))(
-        query, key_pool, value_pool, slots, lengths, m, norm, acc, heads, rows, head_dim,
-        value_dim, capacity, split_len, splits, float(scale), query.stride(0), query.stride(1),
-        query.stride(3), *key_pool.stride(), *value_pool.stride(), BLOCK_M=block_m,
-        BLOCK_N=tiles["block_n"], BLOCK_D=max(16, next_power_of_2(head_dim)), BLOCK_E=block_e,
-        DOT16=dot16, num_warps=tiles["num_warps"],
+    plan = SplitDecode(query, kv_heads, capacity, value_dim, dot16)
+    launch(_kv_pool_split_kernel, (plan.lanes, plan.splits))(
+        query, key_pool, value_pool, slots, lengths, plan.m, plan.norm, plan.acc, heads,
+        heads // kv_heads, head_dim, value_dim, capacity, plan.split_len, plan.splits,
+        float(scale), query.stride(0), query.stride(1), query.stride(3), *key_pool.stride(),
+        *value_pool.stride(), BLOCK_M=plan.block_m, BLOCK_N=plan.tiles["block_n"],
+        BLOCK_D=plan.block_d, BLOCK_E=plan.block_e, DOT16=dot16,
+        num_warps=plan.tiles["num_warps"],
     )
-    launch(_kv_pool_combine_kernel, (batch * heads,))(
-        m, norm, acc, out, heads, value_dim, splits, out.stride(0), out.stride(1),
-        out.stride(3), BLOCK_S=tiles["block_s"], BLOCK_E=block_e,
-        num_warps=tiles["combine_warps"],
-    )
+    plan.combine(out)
     return (out,)
 
 
