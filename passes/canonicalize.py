@@ -1,6 +1,6 @@
 """``canonicalize`` — remove what torch.export leaves behind that computes nothing.
 
-Rules (each a ``NodeRule``, hits counted by name):
+Rules (each a ``NodeRule``: a pattern, a check, a rewrite; hits counted by name):
 
 - ``noop_cast``: ``aten.to.dtype(x, dt)`` / ``aten._to_copy(x, dtype=dt)`` where x already has
   dtype dt (and the same device and layout) is x.
@@ -25,7 +25,16 @@ from torch.fx import Node
 from ssmcc.passes.dim_labels import is_full_slice, slice_args
 from ssmcc.passes.pass_base import PassContext, PassResult
 from ssmcc.passes.program import rebuild_program
-from ssmcc.passes.rules import NodeRule, Reject, apply_rules, replace_with
+from ssmcc.passes.rules import (
+    Match,
+    NodeRule,
+    Reject,
+    Var,
+    accept,
+    apply_rules,
+    op,
+    replace_with,
+)
 
 aten = torch.ops.aten
 
@@ -35,8 +44,13 @@ def _value(node) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) else None
 
 
-def _is_noop_cast(node: Node) -> bool | Reject:
-    source, result = _value(node.args[0]), _value(node)
+def _dim(dim: int, rank: int) -> int:
+    return dim + rank if dim < 0 else dim
+
+
+def _is_noop_cast(found: Match) -> bool | Reject:
+    node = found.root
+    source, result = _value(found["x"]), _value(node)
     if source is None or result is None:
         return Reject("no tensor metadata on input or output")
     if node.kwargs.get("memory_format") not in (None, torch.preserve_format):
@@ -46,69 +60,78 @@ def _is_noop_cast(node: Node) -> bool | Reject:
     return True
 
 
-def _is_full_slice(node: Node) -> bool | Reject:
+def _is_full_slice(found: Match) -> bool | Reject:
+    node = found.root
     if is_full_slice(node):
         return True
     dim, start, end, step = slice_args(node)
-    if _value(node.args[0]) is None:
+    if _value(found["x"]) is None:
         return Reject("no tensor metadata on input")
     if start not in (0, None) or step != 1:
         return Reject(f"start {start}, step {step}")
-    if isinstance(end, int) and isinstance(_value(node.args[0]).shape[dim], int):
+    if isinstance(end, int) and isinstance(_value(found["x"]).shape[dim], int):
         return Reject(f"end {end} cuts the dim")
     return Reject(f"end {end} is not provably the full dim")
 
 
-def _dim(dim: int, rank: int) -> int:
-    return dim + rank if dim < 0 else dim
-
-
-def _producer(node: Node, target) -> Node | None:
-    source = node.args[0]
-    return source if isinstance(source, Node) and source.target == target else None
-
-
-def _is_inverse_transpose(node: Node) -> bool | Reject:
-    inner, value = _producer(node, aten.transpose.int), _value(node)
-    if inner is None or value is None:
-        return Reject("input is not a transpose" if inner is None else "no tensor metadata")
+def _is_inverse_transpose(found: Match) -> bool | Reject:
+    value = _value(found.root)
+    if value is None:
+        return Reject("no tensor metadata")
     rank = value.dim()
-    outer_dims = {_dim(d, rank) for d in node.args[1:3]}
-    inner_dims = {_dim(d, rank) for d in inner.args[1:3]}
+    outer_dims = {_dim(d, rank) for d in (found["a"], found["b"])}
+    inner_dims = {_dim(d, rank) for d in (found["inner_a"], found["inner_b"])}
     return True if outer_dims == inner_dims else Reject(f"swaps {outer_dims}, not {inner_dims}")
 
 
-def _is_undo_unsqueeze(node: Node) -> bool | Reject:
-    inner, source = _producer(node, aten.unsqueeze.default), _value(node.args[0])
-    if inner is None or source is None:
-        return Reject("input is not an unsqueeze" if inner is None else "no tensor metadata")
+def _is_undo_unsqueeze(found: Match) -> bool | Reject:
+    node, source = found.root, _value(found["unsqueezed"])
+    if source is None:
+        return Reject("no tensor metadata")
     rank = source.dim()
-    if _dim(node.args[1], rank) != _dim(inner.args[1], rank):
-        return Reject(f"dim {node.args[1]} is not the unsqueezed dim {inner.args[1]}")
+    if _dim(found["dim"], rank) != _dim(found["inner_dim"], rank):
+        return Reject(f"dim {found['dim']} is not the unsqueezed dim {found['inner_dim']}")
     if node.target == aten.select.int and node.args[2] not in (0, -1):
         return Reject(f"selects index {node.args[2]} of a size-1 dim")
     return True
 
 
-def _bypass(node: Node) -> None:
-    replace_with(node, node.args[0])
+def _bypass(found: Match) -> None:
+    replace_with(found.root, found["x"])
 
 
-def _bypass_both(node: Node) -> None:
-    replace_with(node, node.args[0].args[0])
-
-
-def _erase(node: Node) -> None:
-    node.graph.erase_node(node)
+def _erase(found: Match) -> None:
+    found.root.graph.erase_node(found.root)
 
 
 RULES = (
-    NodeRule("noop_cast", (aten.to.dtype, aten._to_copy.default), _is_noop_cast, _bypass),
-    NodeRule("metadata_assert", (aten._assert_tensor_metadata.default,), lambda node: True, _erase),
-    NodeRule("full_slice", (aten.slice.Tensor,), _is_full_slice, _bypass),
-    NodeRule("inverse_transpose", (aten.transpose.int,), _is_inverse_transpose, _bypass_both),
     NodeRule(
-        "undo_unsqueeze", (aten.select.int, aten.squeeze.dim), _is_undo_unsqueeze, _bypass_both
+        "noop_cast", op((aten.to.dtype, aten._to_copy.default), Var("x")), _is_noop_cast, _bypass
+    ),
+    NodeRule("metadata_assert", op(aten._assert_tensor_metadata.default), accept, _erase),
+    NodeRule("full_slice", op(aten.slice.Tensor, Var("x")), _is_full_slice, _bypass),
+    NodeRule(
+        "inverse_transpose",
+        op(
+            aten.transpose.int,
+            op(aten.transpose.int, Var("x"), Var("inner_a"), Var("inner_b"), bind="inner"),
+            Var("a"),
+            Var("b"),
+        ),
+        _is_inverse_transpose,
+        _bypass,
+        candidate="inner",
+    ),
+    NodeRule(
+        "undo_unsqueeze",
+        op(
+            (aten.select.int, aten.squeeze.dim),
+            op(aten.unsqueeze.default, Var("x"), Var("inner_dim"), bind="unsqueezed"),
+            Var("dim"),
+        ),
+        _is_undo_unsqueeze,
+        _bypass,
+        candidate="unsqueezed",
     ),
 )
 

@@ -40,6 +40,7 @@ from ssmcc.errors import InputError
 from ssmcc.ops import SSMCC_OPS
 from ssmcc.options import DEFAULT_CHUNK_SIZE, check_chunk_size
 from ssmcc.passes.pass_base import PassContext, PassResult
+from ssmcc.passes.rules import CASTS
 from ssmcc.passes.scan_to_recurrent_step import PAST_EXAMPLE, past_dim
 
 PASS_NAME = "chunk_state_passing"
@@ -52,8 +53,7 @@ _HEADS = {
 }
 # Ops that act on each position on its own: the head may be moved before them.
 _POSITIONWISE = {
-    torch.ops.aten._to_copy.default,
-    torch.ops.aten.to.dtype,
+    *CASTS,
     torch.ops.aten.mul.Tensor,
     torch.ops.aten.div.Tensor,
     torch.ops.aten.tanh.default,

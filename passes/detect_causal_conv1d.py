@@ -28,37 +28,54 @@ from ssmcc.ops import SSMCC_OPS
 from ssmcc.passes.dim_labels import make_emitter, shape
 from ssmcc.passes.pass_base import PassContext, PassResult
 from ssmcc.passes.program import rebuild_program
-from ssmcc.passes.rules import NodeRule, Reject, apply_rules, fake_mode_of
+from ssmcc.passes.rules import Match, NodeRule, Reject, Var, apply_rules, fake_mode_of, op
 
 aten = torch.ops.aten
 PASS_NAME = "detect_causal_conv1d"
 CONV = SSMCC_OPS["causal_conv1d"]
 
 
-def _conv_args(x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), groups=1):
-    return x, weight, bias, list(stride), list(padding), list(dilation), groups
-
-
 def _same_size(a, b) -> bool:
     return a == b if isinstance(a, int) and isinstance(b, int) else str(a) == str(b)
 
 
-def _is_causal_cut(node: Node) -> bool | Reject:
-    conv = node.args[0]
-    if not isinstance(conv, Node) or conv.target != aten.conv1d.default:
-        return Reject("input is not a conv1d")
-    dim, start, end, step = (tuple(node.args[1:]) + (0, None, None, 1)[len(node.args) - 1 :])[:4]
-    x, weight, bias, stride, padding, dilation, groups = _conv_args(*conv.args, **conv.kwargs)
-    x_shape, w_shape = shape(x), shape(weight)
+# conv1d(x, w, b, stride, padding, dilation, groups)[:, :, start:end:step] (slice on one dim)
+PADDED_CONV_SLICE = op(
+    aten.slice.Tensor,
+    op(
+        aten.conv1d.default,
+        bind="conv",
+        why="input is not a conv1d",
+        input=Var("x"),
+        weight=Var("weight"),
+        bias=Var("bias"),
+        stride=Var("stride"),
+        padding=Var("padding"),
+        dilation=Var("dilation"),
+        groups=Var("groups"),
+    ),
+    dim=Var("dim"),
+    start=Var("start"),
+    end=Var("end"),
+    step=Var("step"),
+)
+
+
+def _is_causal_cut(found: Match) -> bool | Reject:
+    conv = found["conv"]
+    x_shape, w_shape = shape(found["x"]), shape(found["weight"])
     if len(x_shape) != 3 or len(w_shape) != 3:
         return Reject(f"{conv.name}: input {x_shape} / weight {w_shape} are not 3-d")
     channels, width = x_shape[1], w_shape[2]
+    stride, padding, dilation = (list(found[k]) for k in ("stride", "padding", "dilation"))
+    groups = found["groups"]
     if stride != [1] or dilation != [1]:
         return Reject(f"{conv.name}: stride {stride}, dilation {dilation}")
     if not (_same_size(groups, channels) and _same_size(w_shape[0], channels) and w_shape[1] == 1):
         return Reject(f"{conv.name}: not depthwise (groups {groups}, weight {w_shape})")
     if padding != [width - 1]:
         return Reject(f"{conv.name}: padding {padding}, not kernel width - 1 = {width - 1}")
+    dim, start, end, step = (found[k] for k in ("dim", "start", "end", "step"))
     if dim not in (2, -1) or start not in (0, None) or step != 1:
         return Reject(f"slices dim {dim} from {start} by {step}, not the first L positions")
     if isinstance(end, Node):  # a length read from a tensor: compare its value
@@ -68,17 +85,15 @@ def _is_causal_cut(node: Node) -> bool | Reject:
     return True
 
 
-def _rewrite(node: Node) -> None:
+def _rewrite(found: Match) -> None:
+    node, conv = found.root, found["conv"]
     graph = node.graph
-    conv = node.args[0]
-    x, weight, bias, *_ = _conv_args(*conv.args, **conv.kwargs)
     users = list(node.users)
     silu = users[0] if len(users) == 1 and users[0].target == aten.silu.default else None
-    fake_mode = fake_mode_of(graph)
-    emit = make_emitter(graph, fake_mode)
+    emit = make_emitter(graph, fake_mode_of(graph))
     with graph.inserting_before(node):
-        kernel = emit(aten.squeeze.dim, weight, 1)
-        result = emit(CONV, x, kernel, bias, None, "silu" if silu is not None else None)
+        kernel = emit(aten.squeeze.dim, found["weight"], 1)
+        result = emit(CONV, found["x"], kernel, found["bias"], None, "silu" if silu else None)
         out = emit(operator.getitem, result, 0)
     for new in (kernel, result, out):
         for key in ("nn_module_stack", "stack_trace"):
@@ -92,7 +107,9 @@ def _rewrite(node: Node) -> None:
         graph.erase_node(conv)
 
 
-RULES = (NodeRule("padded_conv_slice", (aten.slice.Tensor,), _is_causal_cut, _rewrite),)
+RULES = (
+    NodeRule("padded_conv_slice", PADDED_CONV_SLICE, _is_causal_cut, _rewrite, candidate="conv"),
+)
 
 
 def rewrite_causal_conv1d(graph_module: GraphModule, ctx: PassContext) -> Counter:
@@ -100,10 +117,8 @@ def rewrite_causal_conv1d(graph_module: GraphModule, ctx: PassContext) -> Counte
     diagnostics = ctx.diagnostics
     silu_before = sum(1 for n in graph_module.graph.nodes if n.target == aten.silu.default)
     hits, rejections = apply_rules(graph_module.graph, RULES)
-    for reasons in rejections.values():
-        reasons = [r for r in reasons if "input is not a conv1d" not in r]
-        if reasons:
-            diagnostics.setdefault(f"{PASS_NAME}.padded_conv_slice", []).extend(reasons)
+    for rule, reasons in rejections.items():
+        diagnostics.setdefault(f"{PASS_NAME}.{rule}", []).extend(reasons)
     if not hits:
         return Counter()
     folded = silu_before - sum(1 for n in graph_module.graph.nodes if n.target == aten.silu.default)

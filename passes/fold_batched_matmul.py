@@ -20,12 +20,12 @@ import math
 from collections import Counter
 
 import torch
-from torch.fx import GraphModule, Node
+from torch.fx import GraphModule
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ssmcc.passes.dim_labels import shape
 from ssmcc.passes.pass_base import PassContext
-from ssmcc.passes.rules import NodeRule, Reject, apply_rules
+from ssmcc.passes.rules import Either, Match, NodeRule, Reject, Var, apply_rules, op
 
 aten = torch.ops.aten
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
@@ -40,63 +40,68 @@ def _sizes(got, want) -> bool:
     return len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want, strict=True))
 
 
-def _operand(node: Node, batch, rows, cols):
-    """``x`` when ``node`` is ``view(expand(x, batch + (rows, cols)), (prod(batch), rows, cols))``
-    (the expand may be absent where x already has that shape)."""
-    if node.op != "call_function" or node.target not in _VIEWS:
-        return None
-    if not _sizes(shape(node), (math.prod(batch), rows, cols)):
-        return None
-    source = node.args[0]
-    if source.op == "call_function" and source.target == aten.clone.default:
-        source = source.args[0]  # reshape's copy of an operand that is not contiguous
-    if source.op == "call_function" and source.target == aten.expand.default:
-        if not _sizes(shape(source), (*batch, rows, cols)):
-            return None
-        source = source.args[0]
-    own = shape(source)
+def _flattened(name: str):
+    """``view(expand(x, batch + (rows, cols)), (prod(batch), rows, cols))``: the expand may be
+    absent (x already has that shape), a clone may copy an operand that is not contiguous."""
+    broadcast = Either((op(aten.expand.default, Var(name), bind=f"{name}_expand"), Var(name)))
+    return op(
+        _VIEWS,
+        Either((op(aten.clone.default, broadcast), broadcast)),
+        bind=f"{name}_flat",
+        why="the bmm's operand is not a flattened batched operand",
+    )
+
+
+BATCHED_MATMUL = op(
+    (aten._unsafe_view.default, aten.view.default),
+    op(
+        aten.bmm.default,
+        _flattened("a"),
+        _flattened("b"),
+        bind="bmm",
+        one_user=True,
+        why="the view does not read a bmm used only there",
+    ),
+)
+
+
+def _operand_fits(found: Match, name: str, batch, rows, cols) -> bool:
+    """The flattened operand ``name`` is ``batch`` x (rows, cols) read back from its own shape."""
+    if not _sizes(shape(found[f"{name}_flat"]), (math.prod(batch), rows, cols)):
+        return False
+    expand = found.get(f"{name}_expand")
+    if expand is not None and not _sizes(shape(expand), (*batch, rows, cols)):
+        return False
+    own = shape(found[name])
     if len(own) < 3 or not _sizes(own[-2:], (rows, cols)) or len(own) - 2 > len(batch):
-        return None
+        return False
     # each batch dim of the operand is the result's or 1 (broadcast)
     aligned = batch[len(batch) - (len(own) - 2) :]
-    if not all(_same(o, b) or _same(o, 1) for o, b in zip(own[:-2], aligned, strict=True)):
-        return None
-    return source
+    return all(_same(o, b) or _same(o, 1) for o, b in zip(own[:-2], aligned, strict=True))
 
 
-def _match(node: Node):
-    bmm = node.args[0]
-    if not (isinstance(bmm, Node) and bmm.target == aten.bmm.default and len(bmm.users) == 1):
-        return Reject("the view does not read a bmm used only there")
-    out = shape(node)
+def _is_folded_matmul(found: Match) -> bool | Reject:
+    out = shape(found.root)
     if len(out) < 3:
         return Reject("the result has no batch dims")
     batch, (m, n) = out[:-2], out[-2:]
-    k = shape(bmm.args[0])[-1]
-    a, b = _operand(bmm.args[0], batch, m, k), _operand(bmm.args[1], batch, k, n)
-    if a is None or b is None:
+    k = shape(found["a_flat"])[-1]
+    if not (_operand_fits(found, "a", batch, m, k) and _operand_fits(found, "b", batch, k, n)):
         return Reject("the bmm's operands are not expanded and flattened batched operands")
-    if len(shape(a)) != len(out) and len(shape(b)) != len(out):
+    if len(shape(found["a"])) != len(out) and len(shape(found["b"])) != len(out):
         return Reject("neither operand has the result's batch dims")
-    return a, b
+    return True
 
 
-def _is_folded_matmul(node: Node):
-    found = _match(node)
-    return found if isinstance(found, Reject) else True
-
-
-def _fold(node: Node) -> None:
-    a, b = _match(node)
+def _fold(found: Match) -> None:
+    node = found.root
     with node.graph.inserting_before(node):
-        matmul = node.graph.call_function(aten.matmul.default, (a, b))
+        matmul = node.graph.call_function(aten.matmul.default, (found["a"], found["b"]))
     matmul.meta = dict(node.meta)
     node.replace_all_uses_with(matmul)
 
 
-RULE = NodeRule(
-    "batched_matmul", (aten._unsafe_view.default, aten.view.default), _is_folded_matmul, _fold
-)
+RULE = NodeRule("batched_matmul", BATCHED_MATMUL, _is_folded_matmul, _fold)
 
 
 def fold_batched_matmuls(graph_module: GraphModule, ctx: PassContext) -> Counter:

@@ -26,7 +26,15 @@ from torch.fx import Node
 from ssmcc.ops import SSMCC_OPS
 from ssmcc.ops.contracts import bind_arguments
 from ssmcc.passes.dim_labels import shape
-from ssmcc.passes.rules import Reject, rms_denominator, through_casts
+from ssmcc.passes.rules import (
+    CASTS,
+    Reject,
+    Through,
+    match,
+    rms_constraints,
+    rms_normalised,
+    through_casts,
+)
 from ssmcc.passes.token_layout import (
     SPLITS,
     channel_slice,
@@ -38,16 +46,16 @@ from ssmcc.passes.token_layout import (
 aten = torch.ops.aten
 SELECTIVE_SCAN, CONV = SSMCC_OPS["selective_scan"], SSMCC_OPS["causal_conv1d"]
 MAMBA_MIXER = SSMCC_OPS["mamba_mixer"]
+# FalconMamba's weightless norms on dt_r, B and C: v * rsqrt(mean(v^2, -1) + eps), through casts
+WEIGHTLESS_RMS = Through(CASTS | {aten.type_as.default}, rms_normalised())
+
+
 def _weightless_rms(node: Node) -> tuple[Node, float] | None:
     """(v, eps) when ``node`` is ``v * rsqrt(mean(v^2, -1, keepdim) + eps)`` (through casts)."""
-    node = through_casts(node)
-    if not (isinstance(node, Node) and node.target == aten.mul.Tensor):
+    found = match(WEIGHTLESS_RMS, node)
+    if isinstance(found, Reject) or isinstance(rms_constraints(found), Reject):
         return None
-    for v, r in (node.args[:2], node.args[1::-1]):
-        denominator = rms_denominator(r) if isinstance(r, Node) else Reject("no node")
-        if not isinstance(denominator, Reject) and denominator[0] is v:
-            return through_casts(v), denominator[1]
-    return None
+    return through_casts(found["x"]), float(found["eps"])
 
 
 def _projected_piece(value: Node, walked: set):

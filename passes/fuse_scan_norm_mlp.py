@@ -54,59 +54,49 @@ from ssmcc.passes.fuse_mamba_mixer import MAMBA_MIXER, SELECTIVE_SCAN, match_mam
 from ssmcc.passes.fuse_ssd_mixer import SSD_MIXER, SSD_SCAN, match_ssd_mixer, ssd_mixer_call
 from ssmcc.passes.pass_base import PassContext, PassResult
 from ssmcc.passes.program import rebuild_program
-from ssmcc.passes.rules import CASTS, NodeRule, Reject, apply_rules, fake_mode_of, rms_denominator
+from ssmcc.passes.rules import (
+    CASTS,
+    Match,
+    NodeRule,
+    Reject,
+    Through,
+    Var,
+    apply_rules,
+    fake_mode_of,
+    op,
+    rms_constraints,
+    rms_normalised,
+)
 
 aten = torch.ops.aten
 PASS_NAME = "fuse_scan_norm_mlp"
 RMSNORM = SSMCC_OPS["rmsnorm_gated"]
 
 
-def _other(node: Node, one) -> object:
-    a, b = node.args[:2]
-    return b if a is one else a if b is one else None
-
-
-def _only_user(node: Node) -> Node | None:
-    return next(iter(node.users)) if len(node.users) == 1 else None
-
-
-def _through_cast(node: Node | None) -> tuple[Node | None, Node | None]:
-    """(the node after an optional single-user dtype cast, the cast or None)."""
-    if node is not None and node.target in CASTS and set(node.kwargs) <= {"dtype"}:
-        return _only_user(node), node
-    return node, None
-
-
-def _rms_parts(rsqrt: Node):
-    """(x, eps, normalised = x * rsqrt, out = w * normalised, w) or a Reject."""
-    denominator = rms_denominator(rsqrt)
-    if isinstance(denominator, Reject):
-        return denominator
-    x, eps = denominator
-    normalised = _only_user(rsqrt)
-    if (
-        normalised is None
-        or normalised.target != aten.mul.Tensor
-        or _other(normalised, rsqrt) is not x
-    ):
-        return Reject("rsqrt(mean(x^2) + eps) is not multiplied by x (alone)")
-    scaled, cast = _through_cast(_only_user(normalised))
-    if scaled is None or scaled.target != aten.mul.Tensor:
-        return Reject("the normalised value is not multiplied by a weight")
-    weight = _other(scaled, cast or normalised)
-    if not isinstance(weight, Node) or shape(weight) != (shape(x)[-1],):
-        return Reject(f"the normalised value is multiplied by {weight}, not a weight of shape (d,)")
-    if shape(scaled) != shape(x):
-        return Reject("the weight broadcasts the normalised value to another shape")
-    return x, eps, scaled, weight
+# w * (x * rsqrt(mean(x^2, -1) + eps)), through a cast of the normalised value (low precision)
+RMSNORM_PATTERN = op(
+    aten.mul.Tensor,
+    Var("weight"),
+    Through(CASTS, rms_normalised(one_user=True), bind="casts", one_user=True),
+    commutative=True,
+)
 
 
 def _is_rmsnorm(unsupported):
-    def check(node: Node):
+    def check(found: Match) -> bool | Reject:
         if "rmsnorm_gated" in unsupported:
             return Reject(f"the target cannot run rmsnorm_gated: {unsupported['rmsnorm_gated']}")
-        parts = _rms_parts(node)
-        return parts if isinstance(parts, Reject) else True
+        verdict = rms_constraints(found)
+        if isinstance(verdict, Reject):
+            return verdict
+        if any(set(cast.kwargs) - {"dtype"} for cast in found["casts"]):
+            return Reject("the normalised value is cast with more than a dtype")
+        x, weight = found["x"], found["weight"]
+        if not isinstance(weight, Node) or shape(weight) != (shape(x)[-1],):
+            return Reject(f"the normalised value is multiplied by {weight}, not a weight (d,)")
+        if shape(found.root) != shape(x):
+            return Reject("the weight broadcasts the normalised value to another shape")
+        return True
 
     return check
 
@@ -120,17 +110,18 @@ def _copy_location(source: Node, nodes) -> None:
 
 
 def _is_ssd_mixer(unsupported):
-    def check(scan: Node):
-        for op in ("ssd_mixer", "ssd_mixer_step"):
-            if op in unsupported:
-                return Reject(f"the target cannot run {op}: {unsupported[op]}")
-        match = match_ssd_mixer(scan)
+    def check(found: Match):
+        for name in ("ssd_mixer", "ssd_mixer_step"):
+            if name in unsupported:
+                return Reject(f"the target cannot run {name}: {unsupported[name]}")
+        match = match_ssd_mixer(found.root)
         return match if isinstance(match, Reject) else True
 
     return check
 
 
-def _fuse_ssd_mixer(scan: Node) -> None:
+def _fuse_ssd_mixer(found: Match) -> None:
+    scan = found.root
     match = match_ssd_mixer(scan)
     norm = match["norm"]
     emit = make_emitter(scan.graph, fake_mode_of(scan.graph))
@@ -142,17 +133,18 @@ def _fuse_ssd_mixer(scan: Node) -> None:
 
 
 def _is_mamba_mixer(unsupported):
-    def check(scan: Node):
-        for op in ("mamba_mixer", "mamba_mixer_step"):
-            if op in unsupported:
-                return Reject(f"the target cannot run {op}: {unsupported[op]}")
-        match = match_mamba_mixer(scan)
+    def check(found: Match):
+        for name in ("mamba_mixer", "mamba_mixer_step"):
+            if name in unsupported:
+                return Reject(f"the target cannot run {name}: {unsupported[name]}")
+        match = match_mamba_mixer(found.root)
         return match if isinstance(match, Reject) else True
 
     return check
 
 
-def _fuse_mamba_mixer(scan: Node) -> None:
+def _fuse_mamba_mixer(found: Match) -> None:
+    scan = found.root
     match = match_mamba_mixer(scan)
     out = match["out"]
     emit = make_emitter(scan.graph, fake_mode_of(scan.graph))
@@ -163,9 +155,9 @@ def _fuse_mamba_mixer(scan: Node) -> None:
     out.replace_all_uses_with(y)
 
 
-def _fuse_rmsnorm(node: Node) -> None:
-    x, eps, out, weight = _rms_parts(node)
-    graph = node.graph
+def _fuse_rmsnorm(found: Match) -> None:
+    x, eps, out, weight = found["x"], float(found["eps"]), found.root, found["weight"]
+    graph = out.graph
     emit = make_emitter(graph, fake_mode_of(graph))
     with graph.inserting_before(out):
         fused = emit(RMSNORM, x, None, weight, shape(x)[-1], eps, False)
@@ -181,12 +173,20 @@ def rules(unsupported: dict) -> tuple[tuple[NodeRule, ...], ...]:
     """The rules in rounds: the mixers first, then the norms left outside them (a norm inside a
     fused mixer, e.g. FalconMamba's weightless ones, is gone by then and not reported)."""
     mixers = (
-        NodeRule("ssd_mixer", (SSD_SCAN,), _is_ssd_mixer(unsupported), _fuse_ssd_mixer),
+        NodeRule("ssd_mixer", op(SSD_SCAN), _is_ssd_mixer(unsupported), _fuse_ssd_mixer),
         NodeRule(
-            "mamba_mixer", (SELECTIVE_SCAN,), _is_mamba_mixer(unsupported), _fuse_mamba_mixer
+            "mamba_mixer", op(SELECTIVE_SCAN), _is_mamba_mixer(unsupported), _fuse_mamba_mixer
         ),
     )
-    norms = (NodeRule("rmsnorm", (aten.rsqrt.default,), _is_rmsnorm(unsupported), _fuse_rmsnorm),)
+    norms = (
+        NodeRule(
+            "rmsnorm",
+            RMSNORM_PATTERN,
+            _is_rmsnorm(unsupported),
+            _fuse_rmsnorm,
+            candidate="rsqrt",
+        ),
+    )
     return mixers, norms
 
 
