@@ -87,7 +87,9 @@ def test_a_test_op_compiles_on_torch_and_is_in_coverage(test_op):
     assert calls, "the registered torch kernel did not run"
     rows = {row["backend"]: row for row in coverage() if row["op"] == NAME}
     assert rows["torch"] == {
-        "op": NAME, "backend": "torch", "status": "supported",
+        "op": NAME,
+        "backend": "torch",
+        "status": "supported",
         "detail": "test kernel: (x + shift) * scale",
     }
     assert rows["onnx"]["status"] == "unsupported"
@@ -122,6 +124,7 @@ def test_bad_definitions_and_registrations_fail_naming_op_and_backend():
     assert "the op's arguments are (x, z, weight, group_size, eps, norm_before_gate)" in str(
         error.value
     )
+
     def first(*args):
         return args
 
@@ -181,7 +184,8 @@ def test_a_field_added_to_a_mixers_arguments_fails_every_binding_naming_it(op):
     definition = DEFINITIONS[op]
     assert recheck(definition) == []  # as defined, every binding fits
     extended = dataclasses.make_dataclass(
-        "Extended", [("extra_gate", float, dataclasses.field(default=0.0))],
+        "Extended",
+        [("extra_gate", float, dataclasses.field(default=0.0))],
         bases=(definition.arguments_class,),
     )
     with pytest.raises(OpDefinitionError, match=rf"ssmcc.{op}: its arguments dataclass Extended"):
@@ -194,3 +198,49 @@ def test_a_field_added_to_a_mixers_arguments_fails_every_binding_naming_it(op):
         binding = line.split(": ")[0].split(", ")[1]
         assert binding.startswith(("ssmcc.kernels.", "ssmcc.lowering.")) and op in binding, line
         assert "extra_gate" in line, line
+
+
+def test_tensorrt_plugins_are_registrations_checked_against_their_nodes():
+    """Each TensorRT plugin spec is registered against its op where it is declared; one whose
+    tensors or attributes disagree with its ONNX node's schema, one for an op that does not
+    exist, and a second plugin for an op that is not a step of one chain fail, naming them."""
+    import dataclasses
+
+    from ssmcc.lowering.tensorrt.specs import OP_PLUGINS, SPECS, plugin
+    from ssmcc.ops.backends import description
+
+    assert OP_PLUGINS["rmsnorm_gated"] == ("RmsNormGated",)
+    assert OP_PLUGINS["ssd_scan"] == (
+        "SsdChunkCumsum",
+        "SsdChunkState",
+        "SsdStatePassing",
+        "SsdBmm",
+        "SsdChunkScan",
+    )
+    assert description("tensorrt", "selective_scan") == " -> ".join(OP_PLUGINS["selective_scan"])
+    norm = SPECS["RmsNormGated"]
+    swapped = dataclasses.replace(norm, inputs=("x", "weight", "z"))
+    with pytest.raises(
+        OpDefinitionError,
+        match=r"backend 'tensorrt', plugin RmsNormGated for ssmcc.rmsnorm_gated: its inputs are "
+        r"\(x, weight, z\), the node's \(x, z, weight\)",
+    ):
+        plugin(swapped)
+    unknown_attribute = dataclasses.replace(norm, attributes=(*norm.attributes, ("scale", float)))
+    with pytest.raises(OpDefinitionError, match=r"the node has no attribute scale"):
+        plugin(unknown_attribute)
+    with pytest.raises(OpDefinitionError, match=r"backend 'tensorrt': no ssmcc op 'rms_norm'"):
+        plugin(dataclasses.replace(norm, op="rms_norm"))
+    with pytest.raises(OpDefinitionError, match=r"binds ssmcc.RmsNorm, which has no schema"):
+        plugin(dataclasses.replace(norm, op_type="RmsNorm"))
+    with pytest.raises(OpDefinitionError, match=r"two plugins for ssmcc.rmsnorm_gated"):
+        plugin(
+            dataclasses.replace(
+                norm,
+                op_type="SsdStateUpdate",
+                inputs=SPECS["SsdStateUpdate"].inputs,
+                outputs=SPECS["SsdStateUpdate"].outputs,
+                attributes=(),
+            )
+        )
+    assert OP_PLUGINS["rmsnorm_gated"] == ("RmsNormGated",)  # nothing half-registered

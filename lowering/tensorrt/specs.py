@@ -26,6 +26,9 @@ from collections.abc import Callable
 
 from ssmcc.errors import LoweringError
 from ssmcc.kernels.triton import configs
+from ssmcc.lowering.tensorrt.registration import OP_PLUGINS as OP_PLUGINS
+from ssmcc.lowering.tensorrt.registration import SPECS as SPECS
+from ssmcc.lowering.tensorrt.registration import plugin
 from ssmcc.ops.activations import FORMS
 
 FLOAT32 = "float32"
@@ -292,119 +295,148 @@ _PER_CHUNK = (
     ("head_dim", lambda d: d["x"][3]),
 )
 
-SSD_CHAIN_SPECS = (
-    PluginSpec(
-        op="ssd_scan",
-        op_type="SsdChunkCumsum",
-        kernel="trt_ssd_chunk_cumsum_kernel",
-        inputs=("dt", "A", "dt_bias"),
-        outputs=("dt_chunks", "dA_cumsum"),
-        attributes=(*_DT_FLOATS, ("chunk", int)),
-        output_shapes=(
-            lambda d, ops, a: (d["dt"][0], d["dt"][2], _chunks(ops, d, "dt", a), a["chunk"]),
-        ) * 2,
-        output_dtypes=(FLOAT32, FLOAT32),
-        extras=(("length", lambda d: d["dt"][1]), ("heads", lambda d: d["dt"][2])),
-        grid=lambda d, ops, c: (
-            d["dt"][0], ops.cdiv(d["dt"][1], c["CHUNK"]), ops.cdiv(d["dt"][2], c["BLOCK_H"])
-        ),
-        constexprs=_cumsum_constexprs,
-        part_of="SsdScan",
-    ),
-    PluginSpec(
-        op="ssd_scan",
-        op_type="SsdChunkState",
-        kernel="trt_ssd_chunk_state_kernel",
-        inputs=("x", "B", "dt_chunks", "dA_cumsum"),
-        outputs=("chunk_states",),
-        attributes=(("chunk", int),),
-        output_shapes=(
-            lambda d, ops, a: (
-                d["x"][0], _chunks(ops, d, "x", a), d["x"][2], d["x"][3], d["B"][3]
+SSD_CHAIN_SPECS = tuple(
+    map(
+        plugin,
+        (
+            PluginSpec(
+                op="ssd_scan",
+                op_type="SsdChunkCumsum",
+                kernel="trt_ssd_chunk_cumsum_kernel",
+                inputs=("dt", "A", "dt_bias"),
+                outputs=("dt_chunks", "dA_cumsum"),
+                attributes=(*_DT_FLOATS, ("chunk", int)),
+                output_shapes=(
+                    lambda d, ops, a: (
+                        d["dt"][0],
+                        d["dt"][2],
+                        _chunks(ops, d, "dt", a),
+                        a["chunk"],
+                    ),
+                )
+                * 2,
+                output_dtypes=(FLOAT32, FLOAT32),
+                extras=(("length", lambda d: d["dt"][1]), ("heads", lambda d: d["dt"][2])),
+                grid=lambda d, ops, c: (
+                    d["dt"][0],
+                    ops.cdiv(d["dt"][1], c["CHUNK"]),
+                    ops.cdiv(d["dt"][2], c["BLOCK_H"]),
+                ),
+                constexprs=_cumsum_constexprs,
+                part_of="SsdScan",
+            ),
+            PluginSpec(
+                op="ssd_scan",
+                op_type="SsdChunkState",
+                kernel="trt_ssd_chunk_state_kernel",
+                inputs=("x", "B", "dt_chunks", "dA_cumsum"),
+                outputs=("chunk_states",),
+                attributes=(("chunk", int),),
+                output_shapes=(
+                    lambda d, ops, a: (
+                        d["x"][0],
+                        _chunks(ops, d, "x", a),
+                        d["x"][2],
+                        d["x"][3],
+                        d["B"][3],
+                    ),
+                ),
+                output_dtypes=(FLOAT32,),
+                extras=(
+                    *_PER_CHUNK,
+                    ("groups", lambda d: d["B"][2]),
+                    ("nstate", lambda d: d["B"][3]),
+                ),
+                grid=lambda d, ops, c: (
+                    d["x"][0] * ops.cdiv(d["x"][1], c["CHUNK"]),
+                    d["x"][2],
+                    ops.cdiv(d["x"][3], c["BLOCK_P"]) * ops.cdiv(d["B"][3], c["BLOCK_N"]),
+                ),
+                constexprs=_chunk_state_constexprs,
+                static_dims=(("x", 3), ("B", 3)),
+                part_of="SsdScan",
+            ),
+            PluginSpec(
+                op="ssd_scan",
+                op_type="SsdStatePassing",
+                kernel="trt_ssd_state_passing_kernel",
+                inputs=("chunk_states", "dA_cumsum", "initial_state"),
+                outputs=("chunk_starts", "final_state"),
+                attributes=(("chunk", int),),
+                output_shapes=(
+                    lambda d, ops, a: tuple(d["chunk_states"]),
+                    lambda d, ops, a: tuple(d["initial_state"]),
+                ),
+                output_dtypes=(FLOAT32, FLOAT32),
+                extras=tuple(
+                    (name, lambda d, axis=axis: d["chunk_states"][axis])
+                    for name, axis in (("chunks", 1), ("heads", 2), ("head_dim", 3), ("nstate", 4))
+                ),
+                grid=lambda d, ops, c: (
+                    d["initial_state"][0],
+                    d["initial_state"][1],
+                    ops.cdiv(d["initial_state"][2] * d["initial_state"][3], c["BLOCK"]),
+                ),
+                constexprs=_state_passing_constexprs,
+                static_dims=(("initial_state", 2), ("initial_state", 3)),
+                part_of="SsdScan",
+            ),
+            PluginSpec(
+                op="ssd_scan",
+                op_type="SsdBmm",
+                kernel="trt_ssd_bmm_kernel",
+                inputs=("C", "B"),
+                outputs=("CB",),
+                attributes=(("chunk", int),),
+                output_shapes=(
+                    lambda d, ops, a: (
+                        d["C"][0],
+                        _chunks(ops, d, "C", a),
+                        d["C"][2],
+                        a["chunk"],
+                        a["chunk"],
+                    ),
+                ),
+                output_dtypes=(FLOAT32,),
+                extras=(
+                    ("length", lambda d: d["C"][1]),
+                    ("groups", lambda d: d["C"][2]),
+                    ("nstate", lambda d: d["C"][3]),
+                ),
+                grid=lambda d, ops, c: (
+                    d["C"][0] * ops.cdiv(d["C"][1], c["CHUNK"]),
+                    d["C"][2],
+                    ops.cdiv(c["CHUNK"], c["BLOCK_M"]) * ops.cdiv(c["CHUNK"], c["BLOCK_S"]),
+                ),
+                constexprs=_bmm_constexprs,
+                static_dims=(("B", 3),),
+                part_of="SsdScan",
+            ),
+            PluginSpec(
+                op="ssd_scan",
+                op_type="SsdChunkScan",
+                kernel="trt_ssd_chunk_scan_kernel",
+                inputs=("x", "z", "C", "D", "dt_chunks", "dA_cumsum", "chunk_starts", "CB"),
+                outputs=("out",),
+                attributes=(("has_z", int), ("chunk", int)),
+                output_shapes=(lambda d, ops, a: tuple(d["x"]),),
+                output_dtypes=("x",),
+                extras=(
+                    *_PER_CHUNK,
+                    ("groups", lambda d: d["C"][2]),
+                    ("nstate", lambda d: d["C"][3]),
+                ),
+                grid=lambda d, ops, c: (
+                    d["x"][0] * ops.cdiv(d["x"][1], c["CHUNK"]),
+                    d["x"][2],
+                    ops.cdiv(c["CHUNK"], c["BLOCK_M"]) * ops.cdiv(d["x"][3], c["BLOCK_P"]),
+                ),
+                constexprs=_chunk_scan_constexprs,
+                static_dims=(("x", 3),),
+                part_of="SsdScan",
             ),
         ),
-        output_dtypes=(FLOAT32,),
-        extras=(*_PER_CHUNK, ("groups", lambda d: d["B"][2]), ("nstate", lambda d: d["B"][3])),
-        grid=lambda d, ops, c: (
-            d["x"][0] * ops.cdiv(d["x"][1], c["CHUNK"]),
-            d["x"][2],
-            ops.cdiv(d["x"][3], c["BLOCK_P"]) * ops.cdiv(d["B"][3], c["BLOCK_N"]),
-        ),
-        constexprs=_chunk_state_constexprs,
-        static_dims=(("x", 3), ("B", 3)),
-        part_of="SsdScan",
-    ),
-    PluginSpec(
-        op="ssd_scan",
-        op_type="SsdStatePassing",
-        kernel="trt_ssd_state_passing_kernel",
-        inputs=("chunk_states", "dA_cumsum", "initial_state"),
-        outputs=("chunk_starts", "final_state"),
-        attributes=(("chunk", int),),
-        output_shapes=(
-            lambda d, ops, a: tuple(d["chunk_states"]),
-            lambda d, ops, a: tuple(d["initial_state"]),
-        ),
-        output_dtypes=(FLOAT32, FLOAT32),
-        extras=tuple(
-            (name, lambda d, axis=axis: d["chunk_states"][axis])
-            for name, axis in (("chunks", 1), ("heads", 2), ("head_dim", 3), ("nstate", 4))
-        ),
-        grid=lambda d, ops, c: (
-            d["initial_state"][0],
-            d["initial_state"][1],
-            ops.cdiv(d["initial_state"][2] * d["initial_state"][3], c["BLOCK"]),
-        ),
-        constexprs=_state_passing_constexprs,
-        static_dims=(("initial_state", 2), ("initial_state", 3)),
-        part_of="SsdScan",
-    ),
-    PluginSpec(
-        op="ssd_scan",
-        op_type="SsdBmm",
-        kernel="trt_ssd_bmm_kernel",
-        inputs=("C", "B"),
-        outputs=("CB",),
-        attributes=(("chunk", int),),
-        output_shapes=(
-            lambda d, ops, a: (
-                d["C"][0], _chunks(ops, d, "C", a), d["C"][2], a["chunk"], a["chunk"]
-            ),
-        ),
-        output_dtypes=(FLOAT32,),
-        extras=(
-            ("length", lambda d: d["C"][1]),
-            ("groups", lambda d: d["C"][2]),
-            ("nstate", lambda d: d["C"][3]),
-        ),
-        grid=lambda d, ops, c: (
-            d["C"][0] * ops.cdiv(d["C"][1], c["CHUNK"]),
-            d["C"][2],
-            ops.cdiv(c["CHUNK"], c["BLOCK_M"]) * ops.cdiv(c["CHUNK"], c["BLOCK_S"]),
-        ),
-        constexprs=_bmm_constexprs,
-        static_dims=(("B", 3),),
-        part_of="SsdScan",
-    ),
-    PluginSpec(
-        op="ssd_scan",
-        op_type="SsdChunkScan",
-        kernel="trt_ssd_chunk_scan_kernel",
-        inputs=("x", "z", "C", "D", "dt_chunks", "dA_cumsum", "chunk_starts", "CB"),
-        outputs=("out",),
-        attributes=(("has_z", int), ("chunk", int)),
-        output_shapes=(lambda d, ops, a: tuple(d["x"]),),
-        output_dtypes=("x",),
-        extras=(*_PER_CHUNK, ("groups", lambda d: d["C"][2]), ("nstate", lambda d: d["C"][3])),
-        grid=lambda d, ops, c: (
-            d["x"][0] * ops.cdiv(d["x"][1], c["CHUNK"]),
-            d["x"][2],
-            ops.cdiv(c["CHUNK"], c["BLOCK_M"]) * ops.cdiv(d["x"][3], c["BLOCK_P"]),
-        ),
-        constexprs=_chunk_scan_constexprs,
-        static_dims=(("x", 3),),
-        part_of="SsdScan",
-    ),
+    )
 )
 
 
@@ -462,173 +494,182 @@ def _scan_grid(d, ops, c):
     return (d["u"][0], ops.cdiv(d["u"][1], c["BLOCK_D"]), ops.cdiv(d["u"][2], c["CHUNK"]))
 
 
-SCAN_CHAIN_SPECS = (
-    PluginSpec(
-        op="selective_scan",
-        op_type="SelectiveScanChunkState",
-        kernel="trt_selective_scan_chunk_state_kernel",
-        inputs=("u", "delta", "A", "B", "delta_bias"),
-        outputs=("chunk_ends", "dt_sums"),
-        attributes=(("delta_softplus", int), ("chunk", int)),
-        output_shapes=(
-            lambda d, ops, a: (d["u"][0], _scan_chunks(ops, d, a), d["A"][1], d["u"][1]),
-            lambda d, ops, a: (d["u"][0], _scan_chunks(ops, d, a), d["u"][1]),
+SCAN_CHAIN_SPECS = tuple(
+    map(
+        plugin,
+        (
+            PluginSpec(
+                op="selective_scan",
+                op_type="SelectiveScanChunkState",
+                kernel="trt_selective_scan_chunk_state_kernel",
+                inputs=("u", "delta", "A", "B", "delta_bias"),
+                outputs=("chunk_ends", "dt_sums"),
+                attributes=(("delta_softplus", int), ("chunk", int)),
+                output_shapes=(
+                    lambda d, ops, a: (d["u"][0], _scan_chunks(ops, d, a), d["A"][1], d["u"][1]),
+                    lambda d, ops, a: (d["u"][0], _scan_chunks(ops, d, a), d["u"][1]),
+                ),
+                output_dtypes=(FLOAT32, FLOAT32),
+                extras=_SCAN_SIZES,
+                grid=_scan_grid,
+                constexprs=_scan_chain_constexprs("SOFTPLUS"),
+                static_dims=(("A", 1),),
+                part_of="SelectiveScan",
+            ),
+            PluginSpec(
+                op="selective_scan",
+                op_type="SelectiveScanPassStates",
+                kernel="trt_selective_scan_pass_states_kernel",
+                inputs=("chunk_ends", "dt_sums", "A", "initial_state"),
+                outputs=("chunk_starts",),
+                attributes=(("chunk", int),),
+                output_shapes=(lambda d, ops, a: tuple(d["chunk_ends"]),),
+                output_dtypes=(FLOAT32,),
+                extras=(
+                    ("chunks", lambda d: d["chunk_ends"][1]),
+                    ("dim", lambda d: d["A"][0]),
+                    ("state", lambda d: d["A"][1]),
+                ),
+                grid=lambda d, ops, c: (
+                    d["initial_state"][0],
+                    ops.cdiv(d["initial_state"][1], c["BLOCK_D"]),
+                    1,
+                ),
+                constexprs=_scan_chain_constexprs(),
+                static_dims=(("A", 1),),
+                part_of="SelectiveScan",
+            ),
+            PluginSpec(
+                op="selective_scan",
+                op_type="SelectiveScanChunkScan",
+                kernel="trt_selective_scan_chunk_scan_kernel",
+                inputs=("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "chunk_starts"),
+                outputs=("out", "last_state"),
+                attributes=(("delta_softplus", int), ("has_z", int), ("chunk", int)),
+                output_shapes=(
+                    lambda d, ops, a: (d["u"][0], d["u"][1], d["u"][2]),
+                    lambda d, ops, a: (d["u"][0], d["u"][1], d["A"][1]),
+                ),
+                output_dtypes=("u", FLOAT32),
+                extras=_SCAN_SIZES,
+                grid=_scan_grid,
+                constexprs=_scan_chain_constexprs("HAS_Z", "SOFTPLUS"),
+                static_dims=(("A", 1),),
+                part_of="SelectiveScan",
+            ),
         ),
-        output_dtypes=(FLOAT32, FLOAT32),
-        extras=_SCAN_SIZES,
-        grid=_scan_grid,
-        constexprs=_scan_chain_constexprs("SOFTPLUS"),
-        static_dims=(("A", 1),),
-        part_of="SelectiveScan",
-    ),
-    PluginSpec(
-        op="selective_scan",
-        op_type="SelectiveScanPassStates",
-        kernel="trt_selective_scan_pass_states_kernel",
-        inputs=("chunk_ends", "dt_sums", "A", "initial_state"),
-        outputs=("chunk_starts",),
-        attributes=(("chunk", int),),
-        output_shapes=(lambda d, ops, a: tuple(d["chunk_ends"]),),
-        output_dtypes=(FLOAT32,),
-        extras=(
-            ("chunks", lambda d: d["chunk_ends"][1]),
-            ("dim", lambda d: d["A"][0]),
-            ("state", lambda d: d["A"][1]),
-        ),
-        grid=lambda d, ops, c: (
-            d["initial_state"][0], ops.cdiv(d["initial_state"][1], c["BLOCK_D"]), 1
-        ),
-        constexprs=_scan_chain_constexprs(),
-        static_dims=(("A", 1),),
-        part_of="SelectiveScan",
-    ),
-    PluginSpec(
-        op="selective_scan",
-        op_type="SelectiveScanChunkScan",
-        kernel="trt_selective_scan_chunk_scan_kernel",
-        inputs=("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "chunk_starts"),
-        outputs=("out", "last_state"),
-        attributes=(("delta_softplus", int), ("has_z", int), ("chunk", int)),
-        output_shapes=(
-            lambda d, ops, a: (d["u"][0], d["u"][1], d["u"][2]),
-            lambda d, ops, a: (d["u"][0], d["u"][1], d["A"][1]),
-        ),
-        output_dtypes=("u", FLOAT32),
-        extras=_SCAN_SIZES,
-        grid=_scan_grid,
-        constexprs=_scan_chain_constexprs("HAS_Z", "SOFTPLUS"),
-        static_dims=(("A", 1),),
-        part_of="SelectiveScan",
-    ),
+    )
 )
 
 
-SPECS: dict[str, PluginSpec] = {
-    spec.op_type: spec
-    for spec in (
-        PluginSpec(
-            op="causal_conv1d",
-            op_type="CausalConv1d",
-            kernel="trt_causal_conv1d_kernel",
-            inputs=("x", "weight", "bias", "initial_state"),
-            outputs=("out", "final_state"),
-            attributes=(("activation", int),),
-            output_shapes=(
-                lambda d, ops, a: (d["x"][0], d["x"][1], d["x"][2]),
-                lambda d, ops, a: (d["x"][0], d["x"][1], d["initial_state"][2]),
+SINGLE_SPECS = tuple(
+    map(
+        plugin,
+        (
+            PluginSpec(
+                op="causal_conv1d",
+                op_type="CausalConv1d",
+                kernel="trt_causal_conv1d_kernel",
+                inputs=("x", "weight", "bias", "initial_state"),
+                outputs=("out", "final_state"),
+                attributes=(("activation", int),),
+                output_shapes=(
+                    lambda d, ops, a: (d["x"][0], d["x"][1], d["x"][2]),
+                    lambda d, ops, a: (d["x"][0], d["x"][1], d["initial_state"][2]),
+                ),
+                output_dtypes=("x", FLOAT32),
+                extras=(("dim", lambda d: d["x"][1]), ("length", lambda d: d["x"][2])),
+                grid=lambda d, ops, c: (
+                    d["x"][0],
+                    ops.cdiv(d["x"][1], c["BLOCK_D"]),
+                    ops.max(ops.cdiv(d["x"][2], c["BLOCK_L"]), 1),
+                ),
+                constexprs=_conv_constexprs,
+                static_dims=(("weight", 1),),
             ),
-            output_dtypes=("x", FLOAT32),
-            extras=(("dim", lambda d: d["x"][1]), ("length", lambda d: d["x"][2])),
-            grid=lambda d, ops, c: (
-                d["x"][0],
-                ops.cdiv(d["x"][1], c["BLOCK_D"]),
-                ops.max(ops.cdiv(d["x"][2], c["BLOCK_L"]), 1),
+            PluginSpec(
+                op="selective_state_update",
+                op_type="SelectiveStateUpdate",
+                kernel="trt_selective_state_update_kernel",
+                inputs=("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias"),
+                outputs=("out", "new_state"),
+                attributes=(("dt_softplus", int), ("has_z", int)),
+                output_shapes=(
+                    lambda d, ops, a: (d["x"][0], d["x"][1]),
+                    lambda d, ops, a: (d["state"][0], d["state"][1], d["state"][2]),
+                ),
+                output_dtypes=("x", FLOAT32),
+                extras=(
+                    ("dim", lambda d: d["x"][1]),
+                    ("nstate", lambda d: d["A"][1]),
+                    ("groups", lambda d: d["B"][1]),
+                ),
+                grid=lambda d, ops, c: (d["x"][0], 1, ops.cdiv(d["x"][1], c["BLOCK_R"])),
+                constexprs=_recurrence_constexprs(
+                    configs.STATE_UPDATE_GPU, "BLOCK_R", "dt_softplus"
+                ),
+                static_dims=(("A", 1),),
             ),
-            constexprs=_conv_constexprs,
-            static_dims=(("weight", 1),),
-        ),
-        PluginSpec(
-            op="selective_state_update",
-            op_type="SelectiveStateUpdate",
-            kernel="trt_selective_state_update_kernel",
-            inputs=("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias"),
-            outputs=("out", "new_state"),
-            attributes=(("dt_softplus", int), ("has_z", int)),
-            output_shapes=(
-                lambda d, ops, a: (d["x"][0], d["x"][1]),
-                lambda d, ops, a: (d["state"][0], d["state"][1], d["state"][2]),
+            PluginSpec(
+                op="causal_conv1d_update",
+                op_type="CausalConv1dUpdate",
+                kernel="trt_causal_conv1d_update_kernel",
+                inputs=("x", "conv_state", "weight", "bias"),
+                outputs=("out", "new_state"),
+                attributes=(("activation", int),),
+                output_shapes=(
+                    lambda d, ops, a: (d["x"][0], d["x"][1]),
+                    lambda d, ops, a: (d["conv_state"][0], d["conv_state"][1], d["conv_state"][2]),
+                ),
+                output_dtypes=("x", FLOAT32),
+                extras=(("dim", lambda d: d["x"][1]),),
+                grid=lambda d, ops, c: (d["x"][0], ops.cdiv(d["x"][1], c["BLOCK_D"]), 1),
+                constexprs=_conv_update_constexprs,
+                static_dims=(("weight", 1),),
             ),
-            output_dtypes=("x", FLOAT32),
-            extras=(
-                ("dim", lambda d: d["x"][1]),
-                ("nstate", lambda d: d["A"][1]),
-                ("groups", lambda d: d["B"][1]),
+            PluginSpec(
+                op="rmsnorm_gated",
+                op_type="RmsNormGated",
+                kernel="trt_rmsnorm_gated_kernel",
+                inputs=("x", "z", "weight"),
+                outputs=("out",),
+                attributes=(
+                    ("group_size", int),
+                    ("eps", float),
+                    ("norm_before_gate", int),
+                    ("has_z", int),
+                ),
+                output_shapes=(lambda d, ops, a: tuple(d["x"]),),
+                output_dtypes=("x",),
+                extras=(("rows", _leading_product), ("dim", lambda d: d["weight"][0])),
+                grid=lambda d, ops, c: (_leading_product(d), d["weight"][0] // c["GROUP"], 1),
+                constexprs=_rmsnorm_constexprs,
             ),
-            grid=lambda d, ops, c: (d["x"][0], 1, ops.cdiv(d["x"][1], c["BLOCK_R"])),
-            constexprs=_recurrence_constexprs(configs.STATE_UPDATE_GPU, "BLOCK_R", "dt_softplus"),
-            static_dims=(("A", 1),),
-        ),
-        PluginSpec(
-            op="causal_conv1d_update",
-            op_type="CausalConv1dUpdate",
-            kernel="trt_causal_conv1d_update_kernel",
-            inputs=("x", "conv_state", "weight", "bias"),
-            outputs=("out", "new_state"),
-            attributes=(("activation", int),),
-            output_shapes=(
-                lambda d, ops, a: (d["x"][0], d["x"][1]),
-                lambda d, ops, a: (d["conv_state"][0], d["conv_state"][1], d["conv_state"][2]),
+            PluginSpec(
+                op="ssd_state_update",
+                op_type="SsdStateUpdate",
+                kernel="trt_ssd_state_update_kernel",
+                inputs=("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias"),
+                outputs=("out", "new_state"),
+                attributes=_SSD_ATTRIBUTES,
+                output_shapes=(
+                    lambda d, ops, a: (d["x"][0], d["x"][1], d["x"][2]),
+                    lambda d, ops, a: (d["state"][0], d["state"][1], d["state"][2], d["state"][3]),
+                ),
+                output_dtypes=("x", FLOAT32),
+                extras=(
+                    ("heads", lambda d: d["x"][1]),
+                    ("head_dim", lambda d: d["x"][2]),
+                    ("nstate", lambda d: d["B"][2]),
+                    ("groups", lambda d: d["B"][1]),
+                ),
+                grid=lambda d, ops, c: (d["x"][0], d["x"][1], ops.cdiv(d["x"][2], c["BLOCK_R"])),
+                constexprs=_ssd_constexprs("BLOCK_R", configs.STATE_UPDATE_GPU, ("x", 2), ("B", 2)),
+                static_dims=(("x", 2), ("B", 2)),
             ),
-            output_dtypes=("x", FLOAT32),
-            extras=(("dim", lambda d: d["x"][1]),),
-            grid=lambda d, ops, c: (d["x"][0], ops.cdiv(d["x"][1], c["BLOCK_D"]), 1),
-            constexprs=_conv_update_constexprs,
-            static_dims=(("weight", 1),),
-        ),
-        PluginSpec(
-            op="rmsnorm_gated",
-            op_type="RmsNormGated",
-            kernel="trt_rmsnorm_gated_kernel",
-            inputs=("x", "z", "weight"),
-            outputs=("out",),
-            attributes=(
-                ("group_size", int),
-                ("eps", float),
-                ("norm_before_gate", int),
-                ("has_z", int),
-            ),
-            output_shapes=(lambda d, ops, a: tuple(d["x"]),),
-            output_dtypes=("x",),
-            extras=(("rows", _leading_product), ("dim", lambda d: d["weight"][0])),
-            grid=lambda d, ops, c: (_leading_product(d), d["weight"][0] // c["GROUP"], 1),
-            constexprs=_rmsnorm_constexprs,
-        ),
-        PluginSpec(
-            op="ssd_state_update",
-            op_type="SsdStateUpdate",
-            kernel="trt_ssd_state_update_kernel",
-            inputs=("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias"),
-            outputs=("out", "new_state"),
-            attributes=_SSD_ATTRIBUTES,
-            output_shapes=(
-                lambda d, ops, a: (d["x"][0], d["x"][1], d["x"][2]),
-                lambda d, ops, a: (d["state"][0], d["state"][1], d["state"][2], d["state"][3]),
-            ),
-            output_dtypes=("x", FLOAT32),
-            extras=(
-                ("heads", lambda d: d["x"][1]),
-                ("head_dim", lambda d: d["x"][2]),
-                ("nstate", lambda d: d["B"][2]),
-                ("groups", lambda d: d["B"][1]),
-            ),
-            grid=lambda d, ops, c: (d["x"][0], d["x"][1], ops.cdiv(d["x"][2], c["BLOCK_R"])),
-            constexprs=_ssd_constexprs("BLOCK_R", configs.STATE_UPDATE_GPU, ("x", 2), ("B", 2)),
-            static_dims=(("x", 2), ("B", 2)),
         ),
     )
-}
-
-SPECS.update((spec.op_type, spec) for spec in (*SCAN_CHAIN_SPECS, *SSD_CHAIN_SPECS))
+)
 
 # the ONNX node a chain of plugins replaces -> the chain's plugins, in order (``scan_chain.py``,
 # ``ssd_chain.py``)
@@ -636,10 +677,6 @@ CHAINS = {
     "SelectiveScan": tuple(spec.op_type for spec in SCAN_CHAIN_SPECS),
     "SsdScan": tuple(spec.op_type for spec in SSD_CHAIN_SPECS),
 }
-# each op -> the plugins that compute it (one, or a chain)
-OP_PLUGINS: dict[str, tuple[str, ...]] = {}
-for _spec in SPECS.values():
-    OP_PLUGINS[_spec.op] = (*OP_PLUGINS.get(_spec.op, ()), _spec.op_type)
 
 
 def static_dims(spec: PluginSpec, shapes: dict) -> dict:
