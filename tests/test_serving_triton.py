@@ -361,14 +361,14 @@ def test_export_serving_command_writes_the_repository(mamba, tmp_path):
 
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
 def test_serve_command_runs_until_interrupted(mamba, tmp_path, signal_name):
-    """``ssmcc serve REPO`` prints its address, answers health checks, and on Ctrl-C (SIGINT) or
-    SIGTERM stops the server it started and exits 0."""
+    """``ssmcc serve REPO`` prints its address, which ``Client`` takes as printed, answers health
+    checks, and on Ctrl-C (SIGINT) or SIGTERM stops the server it started and exits 0."""
     import signal
     import subprocess
     import sys
     import urllib.request
 
-    _, artifact = mamba
+    compiled, artifact = mamba
     repo = export_triton(artifact, str(tmp_path / "repo"), name="m")
     command = [sys.executable, "-m", "ssmcc.cli", "serve", repo]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -378,6 +378,10 @@ def test_serve_command_runs_until_interrupted(mamba, tmp_path, signal_name):
         url = line.split()[2]
         with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=10) as answer:
             assert answer.status == 200
+        prompt = _prompt(3, 5)
+        with Client(url, "m") as client:  # the address exactly as printed
+            tokens = client.generate(prompt, 3, sequence_id=7)
+        assert tokens == compiled.generate(prompt[None], 3)[0, prompt.numel() :].tolist()
         process.send_signal(getattr(signal, signal_name))
         assert process.wait(timeout=60) == 0
     finally:
@@ -386,6 +390,22 @@ def test_serve_command_runs_until_interrupted(mamba, tmp_path, signal_name):
     with pytest.raises(OSError):
         urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5)
     assert _processes_mentioning(repo) == []
+
+
+def test_client_addresses_in_either_form_and_bad_ones_said():
+    from ssmcc.serving.client import server_address
+
+    assert server_address("127.0.0.1:8000") == ("127.0.0.1:8000", False)
+    assert server_address("http://127.0.0.1:8000") == ("127.0.0.1:8000", False)
+    assert server_address("http://127.0.0.1:8000/") == ("127.0.0.1:8000", False)
+    assert server_address("https://models.example:443") == ("models.example:443", True)
+    assert server_address("grpc://127.0.0.1:8001", "grpc") == ("127.0.0.1:8001", False)
+    with pytest.raises(ServingError, match=r"a gRPC client takes grpc://host:port"):
+        server_address("http://127.0.0.1:8001", "grpc")
+    with pytest.raises(ServingError, match=r"give the server's address only"):
+        server_address("http://127.0.0.1:8000/v2/models/m")
+    with pytest.raises(ServingError, match=r"an HTTP client takes http:// or https://"):
+        Client("ftp://127.0.0.1:8000", "m")
 
 
 def _running(pid: int) -> bool:
@@ -408,7 +428,7 @@ def test_kill_9_of_serve_leaves_no_server_and_its_folder_goes_at_the_next_start(
 
     from ssmcc.runtime.temporaries import writer_tag
 
-    _, artifact = mamba
+    compiled, artifact = mamba
     repo = export_triton(artifact, str(tmp_path / "repo"), name="m")
     command = [sys.executable, "-m", "ssmcc.cli", "serve", repo]
 
@@ -454,7 +474,7 @@ def test_serve_command_interrupted_while_starting(mamba, tmp_path):
     import subprocess
     import sys
 
-    _, artifact = mamba
+    compiled, artifact = mamba
     repo = export_triton(artifact, str(tmp_path / "repo"), name="m")
     command = [sys.executable, "-m", "ssmcc.cli", "serve", repo]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -21,6 +21,34 @@ from ssmcc.runtime.generation import Sampling, choose
 
 PROTOCOLS = ("http", "grpc")
 _UNREAD = object()
+_CLIENT_NAMES = {"http": "an HTTP", "grpc": "a gRPC"}
+
+
+def server_address(url: str, protocol: str = "http") -> tuple[str, bool]:
+    """``(host:port, ssl)`` from what a user has: ``host:port`` as tritonclient takes it, or a URL
+    as ``ssmcc serve`` prints it (``http://host:port``; ``https://`` for TLS over HTTP;
+    ``grpc://host:port`` for gRPC). Anything else is a ``ServingError`` saying what is taken."""
+    from urllib.parse import urlsplit
+
+    if not isinstance(url, str) or not url.strip():
+        raise ServingError(f"url must be 'host:port' or 'http://host:port', got {url!r}")
+    url = url.strip()
+    if "://" not in url:
+        return url, False
+    parts = urlsplit(url)
+    schemes = {"http": ("http", "https"), "grpc": ("grpc",)}[protocol]
+    if parts.scheme not in schemes:
+        raise ServingError(
+            f"url {url!r}: {_CLIENT_NAMES[protocol]} client takes "
+            f"{' or '.join(s + '://' for s in schemes)}"
+            f"host:port (or host:port alone), not {parts.scheme}://"
+        )
+    if not parts.netloc or parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ServingError(
+            f"url {url!r}: give the server's address only, e.g. {parts.scheme}://127.0.0.1:8000 "
+            "(no path or query: the client adds the endpoints)"
+        )
+    return parts.netloc, parts.scheme == "https"
 
 
 def token_row(ids, what: str = "input_ids") -> np.ndarray:
@@ -47,7 +75,8 @@ def token_row(ids, what: str = "input_ids") -> np.ndarray:
 
 class Client:
     """``Client(url, model, protocol="http")``: ``url`` is the server's HTTP endpoint
-    (``host:port``), or its gRPC one with ``protocol="grpc"``. One client per thread:
+    (``host:port``, or ``http://host:port`` as ``ssmcc serve`` prints it), or its gRPC one with
+    ``protocol="grpc"``. One client per thread:
     tritonclient's HTTP client is not safe to share between threads (it deadlocks). ``close()``
     (or a ``with`` block) closes its connections."""
 
@@ -65,14 +94,15 @@ class Client:
             raise ServingError(
                 f"tritonclient ({protocol}) is not installed: pip install 'ssmcc[serving]'"
             ) from error
+        address, ssl = server_address(url, protocol)
         self._library = library
         self.model = model
         if protocol == "http":
             self.client = library.InferenceServerClient(
-                url, connection_timeout=timeout_s, network_timeout=timeout_s
+                address, ssl=ssl, connection_timeout=timeout_s, network_timeout=timeout_s
             )
         else:
-            self.client = library.InferenceServerClient(url)
+            self.client = library.InferenceServerClient(address)
         self.timeout_s = timeout_s
         self._max_request_tokens = _UNREAD
 
