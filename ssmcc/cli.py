@@ -122,13 +122,11 @@ def _cmd_compile(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    options = {
-        "kernels": args.kernels,
-        "route": args.route,
-        "chunk_size": args.chunk_size,
-        "quantize": args.quantize,
-        **_target_options(args, "compile"),
-    }
+    problem = _check_out_parent(args.out)
+    if problem is not None:
+        print(f"ssmcc: error: {problem}", file=sys.stderr)
+        return 1
+    options = {**_compile_options(args), **_target_options(args, "compile")}
     _check_options(args.target, options)
     if not args.model.endswith(".pt2"):
         check_model_spec(args.model)
@@ -149,6 +147,14 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     compiled = ssmcc.compile(model, args.target, example_inputs, tokenizer=tokenizer, **options)
     for finding in compiled.report.findings:
         _progress(f"not rewritten: {finding}")
+    if not compiled.report.op_counts:
+        print(
+            f"ssmcc: warning: {args.model} has no state-space layer ssmcc knows (no ssmcc op in "
+            f"the program): it compiles as a plain torch.export program of {name}, and nothing "
+            "of ssmcc's scans, fusions or state handling applies ('ssmcc presets' lists the "
+            "families it compiles; 'ssmcc inspect' says what it found)",
+            file=sys.stderr,
+        )
     quantization = compiled.report.quantization
     if quantization:
         accuracy = quantization["accuracy"]
@@ -340,6 +346,64 @@ def _target_options(args: argparse.Namespace, stage: str) -> dict:
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
+def _pipeline_spec():
+    """The ``pipeline`` option with the pipelines' names as its choices."""
+    import dataclasses
+
+    from ssmcc.options import COMMON_OPTIONS
+    from ssmcc.passes.pipelines import PIPELINES
+
+    return dataclasses.replace(COMMON_OPTIONS["pipeline"], choices=tuple(PIPELINES))
+
+
+# What the compile command says after an option's own help (its default, where it is recorded).
+_COMPILE_HELP = {
+    "kernels": " (default auto)",
+    "chunk_size": " (default {default}; recorded in the artifact)",
+    "pipeline": " (default default)",
+    "dtype": " (default: as the model is; a target lists what it implements)",
+    "quantize": " (default none; int8: a scale per output channel, int8-gN: per N inputs)",
+    "verify": "",
+}
+_OWN_FLAGS = {"route": "--no-route"}  # common options the command offers under its own flag
+
+
+def _add_compile_options(parser) -> None:
+    """A flag for every common option ``compile`` takes (``ssmcc.options.COMMON_OPTIONS``): the
+    command line offers what the API does."""
+    from ssmcc.options import COMMON_OPTIONS, COMPILE
+
+    for name, spec in COMMON_OPTIONS.items():
+        if COMPILE not in spec.stages or name in _OWN_FLAGS:
+            continue
+        if name == "pipeline":
+            spec = _pipeline_spec()
+        suffix = _COMPILE_HELP.get(name, "").format(default=spec.default)
+        _add_option(parser, spec, spec.default, suffix)
+
+
+def _compile_options(args: argparse.Namespace) -> dict:
+    """The common options' values from the parsed compile command."""
+    from ssmcc.options import COMMON_OPTIONS, COMPILE
+
+    return {
+        name: getattr(args, name) for name, spec in COMMON_OPTIONS.items() if COMPILE in spec.stages
+    }
+
+
+def _check_out_parent(out: str) -> str | None:
+    """Why ``out`` cannot be written (its parent folder is missing), or None."""
+    import os
+
+    parent = os.path.dirname(os.path.abspath(out))
+    if os.path.isdir(parent):
+        return None
+    return (
+        f"the folder {parent} (where {out} would go) does not exist; create it first "
+        "(ssmcc compile does not create parent folders)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ssmcc.lowering.registry import target_names
     from ssmcc.options import COMMON_OPTIONS as OPTIONS
@@ -392,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="example sequence length used for tracing (default 16); the "
         "captured program runs at any length",
     )
-    _add_option(inspect, OPTIONS["pipeline"], OPTIONS["pipeline"].default, " (default default)")
+    _add_option(inspect, _pipeline_spec(), OPTIONS["pipeline"].default, " (default default)")
     _add_option(
         inspect,
         OPTIONS["quantize"],
@@ -456,19 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument(
         "--seq-len", type=int, default=16, help="example length used for tracing (default 16)"
     )
-    _add_option(comp, OPTIONS["kernels"], OPTIONS["kernels"].default, " (default auto)")
-    _add_option(
-        comp,
-        OPTIONS["chunk_size"],
-        OPTIONS["chunk_size"].default,
-        f" (default {OPTIONS['chunk_size'].default}; recorded in the artifact)",
-    )
-    _add_option(
-        comp,
-        OPTIONS["quantize"],
-        OPTIONS["quantize"].default,
-        " (default none; int8: a scale per output channel, int8-gN: per N inputs)",
-    )
+    _add_compile_options(comp)
     _add_target_options(comp, COMPILE)
     comp.set_defaults(run=_cmd_compile)
 

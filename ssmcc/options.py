@@ -120,7 +120,12 @@ COMMON_OPTIONS: dict[str, OptionSpec] = {
             "export the model's own code and let the passes find its scans",
             kind=bool,
         ),
-        OptionSpec("pipeline", "default", "pass pipeline: default, or none for the raw capture"),
+        OptionSpec(
+            "pipeline",
+            "default",
+            "pass pipeline: default (detect and fuse), unfused (detect, no fusion) or none (the "
+            "raw capture)",
+        ),
         OptionSpec(
             "dtype",
             None,

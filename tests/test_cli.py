@@ -8,8 +8,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
+import ssmcc
 from ssmcc.cli import main
+from ssmcc.presets import build_preset
 
 from .conftest import make_hf_model
 
@@ -52,14 +55,19 @@ def test_inspect_a_saved_model_directory(tmp_path, capsys):
         (["inspect", "mamba-tiny", "--seq-len", "0"], "--seq-len must be >= 1"),
         (
             ["inspect", "mamba-tiny", "--pipeline", "fast"],
-            "pipeline must be one of 'default', 'unfused', 'none', got 'fast'",
+            "argument --pipeline: invalid choice: 'fast' "
+            "(choose from 'default', 'unfused', 'none')",
         ),
         (["compile", "mamba-tiny", "--out", "x", "--chunk-size", "0"], "chunk_size must be a"),
         (["compile", "mamba-tiny", "--out", "x", "--threads", "2"], "belongs to target onnx"),
     ],
 )
 def test_bad_arguments_give_one_line_errors(argv, message, capsys):
-    assert main(argv) != 0
+    try:
+        code = main(argv)
+    except SystemExit as exit:  # argparse's own refusals (a choice not offered)
+        code = exit.code
+    assert code != 0
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
 
@@ -130,6 +138,51 @@ def test_cli_defaults_come_from_the_options():
     compile_parser = parser._subparsers._group_actions[0].choices["compile"]
     target_action = next(a for a in compile_parser._actions if a.dest == "target")
     assert list(target_action.choices) == target_names()
+    # every option the API's compile takes has a flag, with the option's default
+    for name, spec in COMMON_OPTIONS.items():
+        if "compile" in spec.stages:
+            assert getattr(args, name) == spec.default, name
+    pipeline = next(a for a in compile_parser._actions if a.dest == "pipeline")
+    assert list(pipeline.choices) == ["default", "unfused", "none"]
+
+
+def test_compile_takes_dtype_and_pipeline_like_the_api(tmp_path, capsys):
+    out = str(tmp_path / "bf16")
+    argv = ["compile", "mamba-tiny", "--target", "torch", "--dtype", "bfloat16", "--out", out]
+    assert main([*argv, "--pipeline", "unfused", "--verify"]) == 0
+    with open(f"{out}/manifest.json") as f:
+        manifest = json.load(f)
+    assert "mamba_mixer" not in manifest["ssmcc_ops"] and "selective_scan" in manifest["ssmcc_ops"]
+    ids = torch.tensor([[1, 2, 3, 4]])
+    got = ssmcc.load(out)(ids)
+    model = build_preset("mamba-tiny")
+    api = ssmcc.compile(model, target="torch", dtype="bfloat16", pipeline="unfused")
+    torch.testing.assert_close(got, api(ids), rtol=0, atol=0)  # what the API compiles
+    assert (got - ssmcc.compile(model, target="torch")(ids)).abs().max() > 1e-3  # not float32
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["compile", "mamba-tiny", "--dtype", "float64", "--out", str(tmp_path / "x")])
+    assert "invalid choice: 'float64'" in capsys.readouterr().err
+
+
+def test_compile_refuses_an_out_under_a_missing_folder_and_creates_nothing(tmp_path, capsys):
+    out = tmp_path / "missing" / "deeper" / "artifact"
+    assert main(["compile", "mamba-tiny", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"the folder {out.parent} (where {out} would go) does not exist" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_without_state_space_layers_is_said_at_compile(tmp_path, capsys):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64)
+    GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    assert main(["compile", str(tmp_path / "gpt2"), "--out", str(tmp_path / "art")]) == 0
+    err = capsys.readouterr().err
+    assert "has no state-space layer ssmcc knows (no ssmcc op in the program)" in err, err
+    assert main(["compile", "mamba-tiny", "--out", str(tmp_path / "mamba")]) == 0
+    assert "state-space layer" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

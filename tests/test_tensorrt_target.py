@@ -169,6 +169,12 @@ def test_running_without_tensorrt_fails_with_one_clear_message(capsys):
     with pytest.raises(OptionError, match="runs on TensorRT"):
         compiled.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2)
     folder = _artifact("mamba-tiny")
+    assert main(["run", folder, "--prompt-ids", "1,2"]) == 1  # a saved artifact: build it next
+    err = capsys.readouterr().err
+    assert f"run `ssmcc trt-build {os.path.abspath(folder)}`" in err or (
+        f"run `ssmcc trt-build {folder}`" in err
+    ), err
+    assert "save it" not in err
     assert main(["trt-build", folder]) == 1
     captured = capsys.readouterr()
     assert "building engines needs TensorRT" in captured.err
