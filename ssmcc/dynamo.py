@@ -25,6 +25,10 @@ layer (an ``invoke_subgraph`` call per layer on one shared subgraph). The passes
 counts below read inside those subgraphs. While the routes are on, Dynamo specialises Python
 floats (see ``Routes``).
 
+A graph that traced a mixer class ssmcc has a route for, with the routes off and no ssmcc op in
+its ATen graph, makes the backend say once on stderr which classes and what to call
+(``enable_routes``): never a silent plain-inductor compile of a Mamba model.
+
 The backend's own record: ``CALLS`` counts the graphs it compiled, and ``GRAPHS`` keeps the last
 ATen graphs it produced (with the ssmcc ops found in each) for inspection; ``explain()`` says, in
 one line per graph, what was found; the ``ssmcc.dynamo`` logger says it at INFO.
@@ -37,6 +41,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import sys
 
 import torch
 from torch import nn
@@ -147,6 +152,47 @@ def _record(graph_module, inner: str, hits: collections.Counter, diagnostics: di
     LOG.info("ssmcc backend: %s", compiled.summary())
 
 
+def unrouted_mixers(graph_module: torch.fx.GraphModule) -> list[str]:
+    """The Hugging Face mixer classes ssmcc has routes for whose code this Dynamo graph traced
+    (read from its nodes' module stacks)."""
+    from ssmcc.frontend.routes import known_routes
+
+    known = {(route.module, name) for route in known_routes() for name in route.mixer_classes}
+    found = set()
+    for node in graph_module.graph.nodes:
+        for entry in (node.meta.get("nn_module_stack") or {}).values():
+            kind = entry[1] if isinstance(entry, tuple) and len(entry) > 1 else None
+            if isinstance(kind, type):
+                where = (kind.__module__, kind.__name__)
+            elif isinstance(kind, str) and "." in kind:
+                where = tuple(kind.rsplit(".", 1))
+            else:
+                continue
+            if where in known:
+                found.add(where[1])
+    return sorted(found)
+
+
+HINTED: set[str] = set()  # mixer classes the route hint was printed for (once per process)
+
+
+def hint_routes(mixers: list[str]) -> None:
+    """Say once, on stderr, that ``mixers`` ran unrouted and what to call."""
+    new = [name for name in mixers if name not in HINTED]
+    if not new:
+        return
+    HINTED.update(new)
+    print(
+        f"[ssmcc] torch.compile(backend='ssmcc'): the model's {', '.join(new)} layers are not "
+        "routed to ssmcc's ops, so their Hugging Face scan code is traced and compiled as it is "
+        "(minutes to compile for a large model, and no ssmcc kernel runs). Call "
+        "ssmcc.enable_routes(model) before the model's first call (or run it inside "
+        "`with ssmcc.routes_enabled(model):`)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def explain() -> str:
     """One line per graph the backend compiled (the last ``KEEP_GRAPHS``)."""
     if not GRAPHS:
@@ -246,13 +292,19 @@ def dynamo_backend(inner: str = "inductor"):
         raise OptionError(f"inner must be one of {', '.join(INNER)}, got {inner!r}")
     compile_aten, decompositions = INNER[inner]
 
-    def forward_compiler(aten_graph, inputs):
-        hits, diagnostics = rewrite_graph(aten_graph)
-        _record(aten_graph, inner, hits, diagnostics)
-        return compile_aten(aten_graph, inputs)
-
     def backend(graph_module: torch.fx.GraphModule, example_inputs):
         from torch._functorch.aot_autograd import aot_module_simplified
+
+        from ssmcc.frontend.route import ACTIVE_ROUTINGS
+
+        mixers = [] if ACTIVE_ROUTINGS else unrouted_mixers(graph_module)
+
+        def forward_compiler(aten_graph, inputs):
+            hits, diagnostics = rewrite_graph(aten_graph)
+            _record(aten_graph, inner, hits, diagnostics)
+            if mixers and not ssmcc_ops_in(aten_graph):
+                hint_routes(mixers)
+            return compile_aten(aten_graph, inputs)
 
         # AOT autograd's cache would hand back a compiled graph without showing it to us.
         with torch._functorch.config.patch(enable_autograd_cache=False):

@@ -142,14 +142,27 @@ def test_generate_after_model_compile_gives_eager_tokens():
     assert prefill and prefill[0].ssmcc_ops["selective_scan"] == model.config.num_hidden_layers
 
 
-def test_without_routes_the_backend_compiles_hf_code_and_says_why_no_scan():
+def test_without_routes_the_backend_compiles_hf_code_and_says_why_no_scan(capsys):
+    """Without routes the backend still computes the model, and says once on stderr which mixer
+    classes ran unrouted and what to call; with the routes on it says nothing."""
+    ssmcc.dynamo.HINTED.clear()
     model = build_preset("mamba-tiny").eval()
     inputs, expected = _eager_logits(model, [(2, 9)])
     compiled = torch.compile(model, backend=ssmcc.dynamo_backend(inner="eager"))
     with torch.no_grad():
         logits = compiled(inputs[2, 9], use_cache=False).logits
+        compiled(inputs[2, 9][:, :5], use_cache=False)  # another graph: not said again
     assert (logits - expected[2, 9]).abs().max() <= TOLERANCE
     assert "ssmcc.enable_routes(model)" in ssmcc.dynamo.explain()
+    err = capsys.readouterr().err
+    hint = "the model's MambaMixer layers are not routed to ssmcc's ops"
+    assert err.count(hint) == 1 and "ssmcc.enable_routes(model) before" in err, err
+    ssmcc.dynamo.HINTED.clear()
+    torch._dynamo.reset()
+    with ssmcc.routes_enabled(model), torch.no_grad():
+        routed = torch.compile(model, backend=ssmcc.dynamo_backend(inner="eager"))
+        routed(inputs[2, 9], use_cache=False)
+    assert hint not in capsys.readouterr().err
 
 
 HYBRIDS = ["bamba-tiny", "jamba-tiny", "granite-hybrid-tiny", "nemotron-h-tiny", "zamba-tiny"]
