@@ -168,6 +168,9 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         )
     if compiled.report.streaming != "yes":
         _progress(f"streaming {compiled.report.streaming}")
+    from ssmcc.kernels.cpu.prepare import prepare_native_kernels
+
+    prepare_native_kernels(args.target, args.kernels, _progress)  # so that run never builds
     _progress(f"writing {args.out}")
     manifest = compiled.save(args.out, overwrite=args.overwrite)
     total = sum(f["bytes"] for f in manifest["files"].values()) / 1e6

@@ -260,3 +260,64 @@ def test_compile_verbose_gives_each_phase_its_time_and_memory(tmp_path, capsys):
     assert main(["compile", "mamba-tiny", "--out", str(tmp_path / "plain")]) == 0
     plain = [line for line in capsys.readouterr().err.splitlines() if "capturing" in line]
     assert plain and not any(" rss " in line for line in plain)  # without -v: no figures
+
+
+@pytest.mark.parametrize("target", ["torch", pytest.param("onnx", marks=pytest.mark.slow)])
+def test_compile_builds_the_kernels_so_that_run_never_builds(target, tmp_path):
+    """With an empty kernel cache, ``ssmcc compile`` builds what the target runs natively (with a
+    progress line), and the first ``ssmcc run`` of the artifact, a new process, builds nothing."""
+    import os
+
+    from ssmcc.kernels.cpu.build import find_ort_headers
+
+    env = {**os.environ, "SSMCC_CACHE_DIR": str(tmp_path / "cache")}
+    if target == "onnx":
+        headers = find_ort_headers()
+        if headers is None:
+            pytest.skip("ONNX Runtime's headers are not on this machine (fetch_ort_headers.sh)")
+        env["SSMCC_ORT_INCLUDE"] = headers  # no network in the test: the headers at hand
+    out = str(tmp_path / "artifact")
+    command = [sys.executable, "-m", "ssmcc.cli"]
+    compiled = subprocess.run(
+        [*command, "compile", "mamba-tiny", "--target", target, "--out", out],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert compiled.returncode == 0, compiled.stderr
+    assert "preparing the" in compiled.stderr and "[ssmcc] building lib" in compiled.stderr
+    ran = subprocess.run(
+        [*command, "run", out, "--prompt-ids", "1,2,3", "--max-new-tokens", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "building" not in ran.stderr, ran.stderr
+
+
+def test_headers_that_cannot_be_fetched_are_said_and_the_cache_dir_is_honoured(
+    tmp_path, monkeypatch
+):
+    import os
+
+    from ssmcc.kernels.cpu import prepare
+
+    monkeypatch.setattr(prepare, "find_ort_headers", lambda: None)
+    monkeypatch.setattr(prepare.shutil, "which", lambda tool: None if tool == "apt-get" else tool)
+    said = []
+    assert prepare.prepare_native_kernels("onnx", "auto", said.append) == []
+    assert "fetching them needs apt-get" in said[-1] and "portable ONNX bodies" in said[-1]
+    # the fetch script's default folder is the one the build reads, under SSMCC_CACHE_DIR
+    headers = tmp_path / "ort-headers" / "onnxruntime"
+    headers.mkdir(parents=True)
+    (headers / "onnxruntime_cxx_api.h").write_text("")
+    done = subprocess.run(
+        ["bash", prepare.FETCH_SCRIPT],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SSMCC_CACHE_DIR": str(tmp_path)},
+    )
+    assert done.returncode == 0 and f"already in {headers}" in done.stdout, done.stdout

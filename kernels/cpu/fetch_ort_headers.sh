@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Fetch ONNX Runtime's C/C++ headers (not shipped in the onnxruntime pip wheel) from Debian's
 # libonnxruntime-dev package, without touching the system's apt configuration, into
-#   ${1:-$HOME/.cache/ssmcc/ort-headers}/onnxruntime/*.h
+#   ${1:-${SSMCC_CACHE_DIR:-$HOME/.cache/ssmcc}/ort-headers}/onnxruntime/*.h
+# (where ssmcc's kernel build looks: kernels/cpu/build.py, default_header_dir).
 # A custom-op library built against these headers (ORT_API_VERSION 21) loads in newer runtimes.
 set -euo pipefail
-dest="${1:-$HOME/.cache/ssmcc/ort-headers}"
+dest="${1:-${SSMCC_CACHE_DIR:-$HOME/.cache/ssmcc}/ort-headers}"
 if [ -f "$dest/onnxruntime/onnxruntime_cxx_api.h" ]; then
   echo "ONNX Runtime headers already in $dest/onnxruntime"
   exit 0
