@@ -51,6 +51,41 @@ def pytest_addoption(parser):
     )
 
 
+# The quick tier (``-m quick``): what to run after touching an op or a pass. Every test of these
+# files but the slow and the thorough (end-to-end) ones.
+QUICK_FILES = frozenset(
+    {
+        "test_ops_reference.py",
+        "test_ops_registration.py",
+        "test_op_definitions.py",
+        "test_state_contracts.py",
+        "test_layout.py",
+        "test_commit_subjects.py",
+        "test_pass_rules.py",
+        "test_pass_manager.py",
+        "test_pass_canonicalize.py",
+        "test_pass_chunk_state_passing.py",
+        "test_pass_detect_causal_conv1d.py",
+        "test_pass_detect_selective_scan.py",
+        "test_pass_eliminate_dead_code.py",
+        "test_pass_fold_batched_matmul.py",
+        "test_pass_fuse_scan_norm_mlp.py",
+        "test_pass_quantize_weights.py",
+        "test_pass_scan_to_recurrent_step.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if (
+            item.path.name in QUICK_FILES
+            and item.get_closest_marker("slow") is None
+            and item.get_closest_marker("thorough") is None
+        ):
+            item.add_marker(pytest.mark.quick)
+
+
 @pytest.fixture
 def golden(request):
     """``golden(pass_name, case, before, after)``: compare with (or rewrite) the golden file."""

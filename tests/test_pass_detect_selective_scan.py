@@ -44,6 +44,7 @@ def _export(model, ids):
 
 
 @pytest.mark.parametrize("form", handwritten_mamba.FORMS)
+@pytest.mark.thorough
 def test_handwritten_stack_one_scan_per_layer(form):
     """Each form, 2 layers, T=64: one selective_scan per layer, outputs within 1e-4."""
     model = build(form, layers=2)
@@ -74,6 +75,7 @@ def test_handwritten_stack_one_scan_per_layer(form):
 @pytest.mark.parametrize(
     "use_mambapy", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["loop", "pscan"]
 )
+@pytest.mark.thorough
 def test_hugging_face_static_export_without_routing(family, use_mambapy):
     """HF's own slow path (its Python loop, or mamba.py's pscan with use_mambapy), exported at
     T=64 by plain torch.export: one selective_scan per layer, logits within 1e-4."""
@@ -100,6 +102,7 @@ def test_hugging_face_static_export_without_routing(family, use_mambapy):
         assert len(program.graph.nodes) >= 10 * len(out.graph.nodes)
 
 
+@pytest.mark.thorough
 def test_capture_without_routing_keeps_batch_dynamic():
     model = make_hf_model("mamba", num_hidden_layers=2)
     program = capture(model, torch.randint(0, 101, (1, 12)), route=False)
@@ -112,6 +115,7 @@ def test_capture_without_routing_keeps_batch_dynamic():
         assert (out.module()(ids) - expected).abs().max() <= TOLERANCE
 
 
+@pytest.mark.thorough
 def test_scan_op_program_keeps_a_dynamic_length():
     """torch's scan op exports with a symbolic length; the rewritten program runs at any."""
     from ssmcc.frontend.export import capture_with_report
@@ -217,6 +221,7 @@ def test_discretisation_inside_the_loop_and_a_loop_from_the_first_input(length):
 
 
 @pytest.mark.parametrize("parallel", [False, True], ids=["sequential", "pscan"])
+@pytest.mark.thorough
 def test_mambapy_model(parallel):
     """mamba.py's own Mamba (not ours): its sequential loop stacks the states and reads them out
     after the loop; its parallel mode runs pscan. Both become one selective_scan per layer."""

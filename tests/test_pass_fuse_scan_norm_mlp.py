@@ -59,6 +59,7 @@ def test_tiny_golden(golden, family, norms):
         for f, t in [("mamba", "onnx"), ("mamba2", "torch")]
     ],
 )
+@pytest.mark.thorough
 def test_fused_programs_match_unfused_and_generate_the_same(family, target):
     model = make_hf_model(family, num_hidden_layers=2, eos_token_id=None)
     fused = ssmcc.compile(model, target)

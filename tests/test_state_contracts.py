@@ -104,6 +104,7 @@ def _logits(model, ids):
         return model(ids, use_cache=False).logits
 
 
+@pytest.mark.thorough
 def test_an_op_with_a_contract_streams_without_pass_or_runtime_edits():
     model = _with_mixer(1, RunningSumMixer)
     compiled = ssmcc.compile(model, target="torch")
@@ -130,6 +131,7 @@ def test_an_op_with_a_contract_streams_without_pass_or_runtime_edits():
     assert torch.equal(generated, greedy)
 
 
+@pytest.mark.thorough
 def test_a_target_without_an_emitter_names_the_op():
     model = _with_mixer(1, RunningSumMixer)
     with pytest.raises(LoweringError, match="backend 'onnx' has no emitter for op ssmcc.test_"):
@@ -137,6 +139,7 @@ def test_a_target_without_an_emitter_names_the_op():
 
 
 @pytest.mark.parametrize("target", ["torch", "onnx"])
+@pytest.mark.thorough
 def test_attention_compiles_and_refuses_to_stream(target):
     """nn.MultiheadAttention: symbolic-size arithmetic passes the verifier; the full-sequence
     call matches eager; prefill/step name the attention instead of computing a wrong step."""
