@@ -221,6 +221,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import torch
 
     import ssmcc
+    from ssmcc.errors import OptionError
+    from ssmcc.options import DEFAULT_TARGET
 
     options = {"kernels": args.kernels}
     if args.chunk_size is not None:
@@ -228,23 +230,37 @@ def _cmd_run(args: argparse.Namespace) -> int:
     artifact = os.path.isdir(args.model) and os.path.isfile(
         os.path.join(args.model, "manifest.json")
     )
+    compiling = {
+        name: getattr(args, name)
+        for name in ("target", *_RUN_COMPILE_OPTIONS)
+        if getattr(args, name, None) is not None
+    }
     started = time.perf_counter()
     if artifact:
+        if compiling:
+            flags = ", ".join(_flag(name) for name in compiling)
+            raise OptionError(
+                f"{flags}: {args.model} is an artifact, compiled already; these apply when run "
+                "compiles a preset or model folder first (compile the model again with "
+                "'ssmcc compile' to change them)"
+            )
         _progress(f"loading artifact {args.model}")
         compiled = ssmcc.load(args.model, **options, **_target_options(args, "load"))
     else:
-        from ssmcc.options import DEFAULT_TARGET
         from ssmcc.presets import PRESETS, check_model_spec, load_model
 
+        target = compiling.pop("target", DEFAULT_TARGET)
+        _check_options(target, {**options, **compiling})
         check_model_spec(args.model)
         if args.model in PRESETS:
             _progress(f"{args.model} is a preset with random weights: its tokens mean nothing")
-        _progress(f"loading {args.model} and compiling it for the {DEFAULT_TARGET} target")
+        _progress(f"loading {args.model} and compiling it for the {target} target")
         compiled = ssmcc.compile(
             load_model(args.model),
-            DEFAULT_TARGET,
+            target,
             tokenizer=_tokenizer_folder(args.model),
             **options,
+            **compiling,
             **_target_options(args, "compile"),
         )
     sampling = dict(
@@ -369,6 +385,8 @@ _COMPILE_HELP = {
     "verify": "",
 }
 _OWN_FLAGS = {"route": "--no-route"}  # common options the command offers under its own flag
+# What ``ssmcc run MODEL`` takes for the compile it runs first (an artifact keeps its own).
+_RUN_COMPILE_OPTIONS = ("dtype", "pipeline", "quantize")
 
 
 def _add_compile_options(parser) -> None:
@@ -533,7 +551,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prefill the prompt, then decode one token at a time with the recurrent step "
         "graph, printing each token (as text with --prompt, as ids with --prompt-ids) as soon as "
         "it is chosen. DIR is an artifact written by 'ssmcc compile'; a preset or model "
-        "directory is compiled for the torch target first.",
+        "directory is compiled first (for --target, torch by default, with --dtype, "
+        "--pipeline and --quantize as 'ssmcc compile' takes them).",
     )
     run.add_argument("model", metavar="DIR|MODEL", help="artifact directory, preset or model dir")
     prompt = run.add_mutually_exclusive_group(required=True)
@@ -575,6 +594,15 @@ def build_parser() -> argparse.ArgumentParser:
         f" (default: the artifact's; {OPTIONS['chunk_size'].default} when compiling MODEL)",
     )
     _add_option(run, OPTIONS["kernels"], OPTIONS["kernels"].default, " (default auto)")
+    run.add_argument(
+        "--target",
+        choices=target_names(),
+        help=f"the target MODEL is compiled for first (default {DEFAULT_TARGET}); an artifact "
+        "runs on the one it was compiled for",
+    )
+    for name in _RUN_COMPILE_OPTIONS:
+        spec = _pipeline_spec() if name == "pipeline" else OPTIONS[name]
+        _add_option(run, spec, None, " (when MODEL is compiled first; an artifact keeps its own)")
     _add_target_options(run, LOAD)
     run.set_defaults(run=_cmd_run)
 

@@ -321,3 +321,21 @@ def test_headers_that_cannot_be_fetched_are_said_and_the_cache_dir_is_honoured(
         env={**os.environ, "SSMCC_CACHE_DIR": str(tmp_path)},
     )
     assert done.returncode == 0 and f"already in {headers}" in done.stdout, done.stdout
+
+
+def test_run_compiles_a_model_for_the_target_and_options_asked(tmp_path, capsys):
+    """``ssmcc run MODEL`` compiles for ``--target`` with ``--dtype``/``--pipeline``/``--quantize``
+    first (the tokens are those of the API's compile); given an artifact they are refused."""
+    argv = ["run", "mamba-tiny", "--prompt-ids", "1,2,3", "--max-new-tokens", "4"]
+    assert main([*argv, "--target", "onnx", "--pipeline", "unfused"]) == 0
+    captured = capsys.readouterr()
+    assert "compiling it for the onnx target" in captured.err
+    api = ssmcc.compile(build_preset("mamba-tiny"), target="onnx", pipeline="unfused")
+    expected = api.generate(torch.tensor([[1, 2, 3]]), 4)[0, 3:].tolist()
+    assert captured.out.split() == [str(t) for t in expected]
+    out = str(tmp_path / "artifact")
+    assert main(["compile", "mamba-tiny", "--out", out]) == 0
+    capsys.readouterr()
+    assert main(["run", out, "--prompt-ids", "1", "--dtype", "bfloat16", "--target", "onnx"]) == 1
+    err = capsys.readouterr().err
+    assert "--target, --dtype: " in err and "is an artifact, compiled already" in err, err
