@@ -9,11 +9,14 @@ keeps the rejection reasons so a caller can say which rule came closest and why 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import Counter
 from collections.abc import Callable, Iterable
 
 import torch
 from torch.fx import Graph, Node
+
+from ssmcc.ops.contracts import bind_arguments
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,10 +78,9 @@ class Through:
 def op(targets, *operands, bind=None, commutative=False, one_user=False, why=None, **named):
     """``Op`` spelled as a call: ``op(aten.rsqrt.default, op(aten.add.Tensor, Var("m"), 1e-5))``;
     ``targets`` one target or several."""
-    targets = (
-        frozenset(targets) if isinstance(targets, (tuple, list, set, frozenset)) else {targets}
-    )
-    return Op(frozenset(targets), operands, tuple(named.items()), bind, commutative, one_user, why)
+    several = isinstance(targets, (tuple, list, set, frozenset))
+    targets = frozenset(targets) if several else frozenset({targets})
+    return Op(targets, operands, tuple(named.items()), bind, commutative, one_user, why)
 
 
 class Match(dict):
@@ -107,18 +109,10 @@ def _describe(value) -> str:
 
 
 def _arguments(node: Node) -> dict:
-    schema = getattr(node.target, "_schema", None)
-    if schema is None:
+    """The call's arguments by schema name, defaults filled in (by keyword where no schema)."""
+    if getattr(node.target, "_schema", None) is None:
         return dict(node.kwargs)
-    bound = {}
-    for i, argument in enumerate(schema.arguments):
-        if i < len(node.args):
-            bound[argument.name] = node.args[i]
-        elif argument.name in node.kwargs:
-            bound[argument.name] = node.kwargs[argument.name]
-        elif argument.has_default_value():
-            bound[argument.name] = argument.default_value
-    return bound
+    return bind_arguments(node.target, node.args, node.kwargs)
 
 
 class _Matcher:
@@ -169,10 +163,12 @@ class _Matcher:
         self.bound[name] = value
         return None
 
-    def either(self, alternatives, value, where, reader) -> _Miss | None:
+    def first_of(self, attempts) -> _Miss | None:
+        """None at the first attempt (a no-argument matcher) that matches; else the miss that got
+        furthest, with the bindings as they were before the attempts."""
         best, saved = None, (dict(self.bound), self.depth)
-        for alternative in alternatives:
-            missed = self.match(alternative, value, where, reader)
+        for attempt in attempts:
+            missed = attempt()
             if missed is None:
                 return None
             if best is None or missed.depth > best.depth:
@@ -180,11 +176,19 @@ class _Matcher:
             self.bound, self.depth = dict(saved[0]), saved[1]
         return best
 
+    def either(self, alternatives, value, where, reader) -> _Miss | None:
+        return self.first_of(
+            functools.partial(self.match, alternative, value, where, reader)
+            for alternative in alternatives
+        )
+
     def call(self, pattern: Op, value, where: str, reader) -> _Miss | None:
-        wanted = " or ".join(sorted(_name(t) for t in pattern.targets))
-        if not (isinstance(value, Node) and value.op == "call_function"):
-            return self.miss(where, pattern.why or f"expected {wanted}, found {_describe(value)}")
-        if value.target not in pattern.targets:
+        if not (
+            isinstance(value, Node)
+            and value.op == "call_function"
+            and value.target in pattern.targets
+        ):
+            wanted = " or ".join(sorted(_name(t) for t in pattern.targets))
             return self.miss(where, pattern.why or f"expected {wanted}, found {_describe(value)}")
         if pattern.one_user and reader is not None and set(value.users) != {reader}:
             return self.miss(where, pattern.why or f"%{value.name} is also read elsewhere")
@@ -194,18 +198,13 @@ class _Matcher:
         if pattern.commutative and len(pattern.operands) >= 2:
             first, second, *rest = pattern.operands
             orders.append((second, first, *rest))
-        saved = (dict(self.bound), self.depth)
-        best = None
-        for operands in orders:  # bound first: a miss below it is a near miss of this node
-            missed = self.bind(pattern.bind, value, where) or self.operands(
+
+        def attempt(operands):  # bound first: a miss below it is a near miss of this node
+            return self.bind(pattern.bind, value, where) or self.operands(
                 value, operands, pattern.named, here
             )
-            if missed is None:
-                return None
-            if best is None or missed.depth > best.depth:
-                best = missed
-            self.bound, self.depth = dict(saved[0]), saved[1]
-        return best
+
+        return self.first_of(functools.partial(attempt, operands) for operands in orders)
 
     def operands(self, node: Node, operands, named, here: str) -> _Miss | None:
         if len(node.args) < len(operands):
