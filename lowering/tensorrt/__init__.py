@@ -2,7 +2,7 @@
 ssmcc's Triton kernels compiled ahead of time to PTX; ``target.py`` implements the registry
 contract. TensorRT cannot be installed where ssmcc is developed: what runs here is tested here
 (the graphs, the PTX, the plugins' rules and kernels), the engine build and the runner have not
-been run on a real TensorRT (README says which parts).
+been run on a real TensorRT (docs/targets/tensorrt.md says which parts).
 
     specs.py          each plugin as data: size, dtype, extras, grid and constant rules as
                       expressions over input dims (no TensorRT or Triton import)

@@ -12,9 +12,9 @@ Run: inputs and outputs are CUDA tensors bound by name (``set_tensor_address``),
 call, one ``execute_async_v3`` on the current stream; logits come back to the CPU, states stay
 on the GPU.
 
-NOT RUN: TensorRT cannot be installed where ssmcc is developed (see README). This module follows
-TensorRT 10's documented Python API (``Builder``, ``OnnxParser``, ``IBuilderConfig``,
-``Runtime.deserialize_cuda_engine``, ``IExecutionContext``).
+NOT RUN: TensorRT cannot be installed where ssmcc is developed (see docs/targets/tensorrt.md).
+This module follows TensorRT 10's documented Python API (``Builder``, ``OnnxParser``,
+``IBuilderConfig``, ``Runtime.deserialize_cuda_engine``, ``IExecutionContext``).
 """
 
 from __future__ import annotations
