@@ -65,11 +65,12 @@ def _is_full_slice(found: Match) -> bool | Reject:
     if is_full_slice(node):
         return True
     dim, start, end, step = slice_args(node)
-    if _value(found["x"]) is None:
+    source = _value(found["x"])
+    if source is None:
         return Reject("no tensor metadata on input")
     if start not in (0, None) or step != 1:
         return Reject(f"start {start}, step {step}")
-    if isinstance(end, int) and isinstance(_value(found["x"]).shape[dim], int):
+    if isinstance(end, int) and isinstance(source.shape[dim], int):
         return Reject(f"end {end} cuts the dim")
     return Reject(f"end {end} is not provably the full dim")
 

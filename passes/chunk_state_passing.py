@@ -121,7 +121,7 @@ def chunk_state_passing(program: ExportedProgram, ctx: PassContext) -> PassResul
         )
     module = program.module()
     head, reason = find_head(module.graph)
-    hits = Counter()
+    hits: Counter[str] = Counter()
     if head is None:
         hits["logits_sliced"] += 1
         ctx.diagnostics.setdefault(f"{PASS_NAME}.head_on_last_position", []).append(reason)

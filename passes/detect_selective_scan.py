@@ -39,6 +39,7 @@ from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
 from ssmcc.ops import SSMCC_OPS
+from ssmcc.passes.call_args import node_arg
 from ssmcc.passes.dim_labels import (
     ArrangeError,
     Labelled,
@@ -47,8 +48,8 @@ from ssmcc.passes.dim_labels import (
     broadcast_labels,
     make_emitter,
     shape,
+    tensor,
     unlabel_to,
-    value,
 )
 from ssmcc.passes.locations import location
 from ssmcc.passes.pass_base import PassContext, PassResult
@@ -107,7 +108,7 @@ def _softplus_and_bias(match: ScanMatch) -> None:
     elif (
         not delta.chain and delta.node.target == aten.softplus.default and len(delta.node.args) == 1
     ):
-        delta = Atom(delta.node.args[0], delta.labels)
+        delta = Atom(node_arg(delta.node), delta.labels)
     else:
         return
     match.softplus, match.folds = True, match.folds + ["fold_softplus"]
@@ -162,7 +163,7 @@ def _skip_and_gate(match: ScanMatch) -> None:
             gate = atoms[0] if len(atoms) == 1 else None
             if gate is None or gate.chain or gate.node.target != aten.silu.default:
                 break
-            z = Atom(gate.node.args[0], gate.labels)
+            z = Atom(node_arg(gate.node), gate.labels)
             if not {roles.channel, TIME} <= z.named() <= {roles.batch, roles.channel, TIME}:
                 break
             match.z = z
@@ -239,8 +240,8 @@ def rewrite(match: ScanMatch, graph_module: GraphModule) -> None:
 
 
 def _cast_like(emit, node: Node, like: Node) -> Node:
-    want = value(like).dtype
-    return node if value(node).dtype == want else emit(aten._to_copy.default, node, dtype=want)
+    want = tensor(like).dtype
+    return node if tensor(node).dtype == want else emit(aten._to_copy.default, node, dtype=want)
 
 
 def _restore_topological_order(graph) -> None:
@@ -316,6 +317,8 @@ class _Finder:
 
     def __call__(self, rule: str, node: Node) -> ScanMatch | SsdMatch:
         if rule == "chunked_ssd":
+            if self.program is None:  # its candidates are looked for only in a program
+                raise NotACandidate
             return match_chunked_ssd(node, self.program)
         if rule == "unrolled_loop":
             recurrence = find_unrolled(node, MAMBA1_OR_SSD)
@@ -377,7 +380,8 @@ def detect_selective_scan(program: ExportedProgram, ctx: PassContext) -> PassRes
 
 def _dead_after(graph_module: GraphModule) -> set:
     """Nodes no longer needed (so later candidates inside a rewritten loop are skipped)."""
-    live, nodes = set(), list(graph_module.graph.nodes)
+    live: set[Node] = set()
+    nodes = list(graph_module.graph.nodes)
     for node in reversed(nodes):
         if node.op == "output" or node.users.keys() & live or (node.op == "placeholder"):
             live.add(node)

@@ -20,7 +20,9 @@ import sys
 
 import torch
 from torch.fx import Graph, Node
+from torch.fx.node import Argument
 
+from ssmcc.passes.call_args import int_arg, ints_arg, node_arg
 from ssmcc.passes.rules import CASTS
 
 aten = torch.ops.aten
@@ -41,8 +43,16 @@ def value(node) -> torch.Tensor | None:
     return val if isinstance(val, torch.Tensor) else None
 
 
+def tensor(node) -> torch.Tensor:
+    """The tensor value recorded on ``node``, which must have one."""
+    val = value(node)
+    if val is None:
+        raise TypeError(f"{node} has no recorded tensor value")
+    return val
+
+
 def shape(node) -> tuple:
-    return tuple(value(node).shape)
+    return tuple(tensor(node).shape)
 
 
 def _norm(dim: int, rank: int) -> int:
@@ -92,28 +102,31 @@ def dim_sources(node: Node) -> list[int | None] | None:
     if target in _IDENTITY or (target in CASTS and _widening_cast(node)):
         return list(range(rank_in))
     if target == aten.unsqueeze.default:
-        inserted = _norm(node.args[1], rank_out)
+        inserted = _norm(int_arg(node, 1), rank_out)
         return [None if j == inserted else (j if j < inserted else j - 1) for j in range(rank_out)]
     if target in (aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default):
-        dims = node.args[1] if len(node.args) > 1 else list(range(rank_in))
-        dims = [dims] if isinstance(dims, int) else list(dims)
+        if len(node.args) == 1:
+            dims = list(range(rank_in))
+        else:
+            dims = [int_arg(node, 1)] if isinstance(node.args[1], int) else ints_arg(node, 1)
         dropped = {_norm(d, rank_in) for d in dims if _is_one(in_val.shape[_norm(d, rank_in)])}
         return [i for i in range(rank_in) if i not in dropped]
     if target == aten.select.int:
-        dim = _norm(node.args[1], rank_in)
+        dim = _norm(int_arg(node, 1), rank_in)
         if not _is_one(in_val.shape[dim]):
             return None
         return [i for i in range(rank_in) if i != dim]
     if target == aten.transpose.int:
-        a, b = _norm(node.args[1], rank_in), _norm(node.args[2], rank_in)
-        sources = list(range(rank_in))
+        a, b = _norm(int_arg(node, 1), rank_in), _norm(int_arg(node, 2), rank_in)
+        sources: list[int | None] = list(range(rank_in))
         sources[a], sources[b] = b, a
         return sources
     if target == aten.permute.default:
-        return [_norm(d, rank_in) for d in node.args[1]]
+        return [_norm(d, rank_in) for d in ints_arg(node, 1)]
     if target == aten.movedim.int:
-        order = list(range(rank_in))
-        order.insert(_norm(node.args[2], rank_in), order.pop(_norm(node.args[1], rank_in)))
+        order: list[int | None] = list(range(rank_in))
+        moved, to = _norm(int_arg(node, 1), rank_in), _norm(int_arg(node, 2), rank_in)
+        order.insert(to, order.pop(moved))
         return order
     if target == aten.expand.default:
         offset = rank_out - rank_in
@@ -150,17 +163,20 @@ def is_full_slice(node: Node) -> bool:
     return isinstance(end, torch.SymInt) and str(end) == str(size)
 
 
-def labels_along(start: Node, end: Node, labels: Labels) -> Labels | None:
+def labels_along(start: Node, end: Argument, labels: Labels) -> Labels | None:
     """Labels of ``end`` when it is reached from ``start`` (dims ``labels``) through data
     movement only; ``None`` otherwise."""
     chain, node = [], end
     while node is not start:
-        if not isinstance(node, Node) or dim_sources(node) is None:
+        if not isinstance(node, Node):
             return None
-        chain.append(node)
-        node = node.args[0]
-    for link in reversed(chain):
-        labels = output_labels(link, labels)
+        sources = dim_sources(node)
+        if sources is None:
+            return None
+        chain.append(sources)
+        node = node_arg(node)
+    for sources in reversed(chain):
+        labels = carried_labels(labels, sources)
     return labels
 
 
@@ -169,7 +185,7 @@ def input_labels(node: Node, labels: Labels) -> Labels | None:
     sources = dim_sources(node)
     if sources is None:
         return None
-    result: list = [None] * value(node.args[0]).dim()
+    result: list = [None] * tensor(node.args[0]).dim()
     for out_dim, in_dim in enumerate(sources):
         if in_dim is not None:
             result[in_dim] = labels[out_dim]
@@ -179,8 +195,11 @@ def input_labels(node: Node, labels: Labels) -> Labels | None:
 def output_labels(node: Node, labels: Labels) -> Labels | None:
     """Labels of ``node``'s output, given labels of its input (``None``: not data movement)."""
     sources = dim_sources(node)
-    if sources is None:
-        return None
+    return None if sources is None else carried_labels(labels, sources)
+
+
+def carried_labels(labels: Labels, sources: list[int | None]) -> Labels:
+    """Labels through a data-movement op with ``sources`` (output dim -> input dim)."""
     return tuple(None if i is None else labels[i] for i in sources)
 
 

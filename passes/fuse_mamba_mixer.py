@@ -25,6 +25,7 @@ from torch.fx import Node
 
 from ssmcc.ops import SSMCC_OPS
 from ssmcc.ops.contracts import bind_arguments
+from ssmcc.passes.call_args import int_arg, node_arg
 from ssmcc.passes.dim_labels import shape
 from ssmcc.passes.rules import (
     CASTS,
@@ -72,14 +73,14 @@ def _projected_piece(value: Node, walked: set):
                 continue
             walked.add(node)
             stack.extend(n for n in node.all_input_nodes if n is not value)
-    if value.target != operator.getitem or value.args[0].target not in SPLITS:
+    if value.target != operator.getitem or node_arg(value).target not in SPLITS:
         return Reject(f"{value.name} is not a piece of the x_proj output")
-    split = value.args[0]
-    offset = split_offset(split, value.args[1])
+    split = node_arg(value)
+    offset = split_offset(split, int_arg(value, 1))
     if offset is None:
         return Reject(f"{split.name} splits another axis than the last")
     walked.update((value, split))
-    return split.args[0], offset, eps
+    return node_arg(split), offset, eps
 
 
 def match_mamba_mixer(scan: Node) -> dict | Reject:

@@ -49,7 +49,7 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 from ssmcc.ops import SSMCC_OPS
-from ssmcc.passes.dim_labels import make_emitter, shape, value
+from ssmcc.passes.dim_labels import make_emitter, shape, tensor
 from ssmcc.passes.fuse_mamba_mixer import MAMBA_MIXER, SELECTIVE_SCAN, match_mamba_mixer
 from ssmcc.passes.fuse_ssd_mixer import SSD_MIXER, SSD_SCAN, match_ssd_mixer, ssd_mixer_call
 from ssmcc.passes.pass_base import PassContext, PassResult
@@ -120,9 +120,16 @@ def _is_ssd_mixer(unsupported):
     return check
 
 
+def _accepted(match: dict | Reject) -> dict:
+    """A mixer match found again by the rewrite, after the rule's check accepted it."""
+    if isinstance(match, Reject):
+        raise RuntimeError(f"a mixer match the check accepted is gone: {match.reason}")
+    return match
+
+
 def _fuse_ssd_mixer(found: Match) -> None:
     scan = found.root
-    match = match_ssd_mixer(scan)
+    match = _accepted(match_ssd_mixer(scan))
     norm = match["norm"]
     emit = make_emitter(scan.graph, fake_mode_of(scan.graph))
     with scan.graph.inserting_before(norm):
@@ -145,7 +152,7 @@ def _is_mamba_mixer(unsupported):
 
 def _fuse_mamba_mixer(found: Match) -> None:
     scan = found.root
-    match = match_mamba_mixer(scan)
+    match = _accepted(match_mamba_mixer(scan))
     out = match["out"]
     emit = make_emitter(scan.graph, fake_mode_of(scan.graph))
     with scan.graph.inserting_before(out):
@@ -162,8 +169,8 @@ def _fuse_rmsnorm(found: Match) -> None:
     with graph.inserting_before(out):
         fused = emit(RMSNORM, x, None, weight, shape(x)[-1], eps, False)
         new = [fused]
-        if value(fused).dtype != value(out).dtype:
-            fused = emit(aten._to_copy.default, fused, dtype=value(out).dtype)
+        if tensor(fused).dtype != tensor(out).dtype:
+            fused = emit(aten._to_copy.default, fused, dtype=tensor(out).dtype)
             new.append(fused)
     _copy_location(out, new)  # the fused op belongs to the norm's module
     out.replace_all_uses_with(fused)
@@ -193,7 +200,7 @@ def rules(unsupported: dict) -> tuple[tuple[NodeRule, ...], ...]:
 def fuse_scan_norm_mlp(program: ExportedProgram, ctx: PassContext) -> PassResult:
     unsupported = ctx.options.get(PASS_NAME, {}).get("unsupported", {})
     graph = program.graph_module.graph
-    hits = Counter()
+    hits: Counter[str] = Counter()
     for round_ in rules(unsupported):  # a later round skips what an earlier one made unused
         found, rejections = apply_rules(graph, round_, live_only=True)
         hits.update(found)

@@ -28,6 +28,7 @@ from torch.fx import Node
 
 from ssmcc.ops import SSMCC_OPS
 from ssmcc.ops.contracts import bind_arguments
+from ssmcc.passes.call_args import node_arg, optional_node_arg
 from ssmcc.passes.dim_labels import shape
 from ssmcc.passes.rules import Reject
 from ssmcc.passes.token_layout import SPLITS, VIEWS, getitems, token_slice, transpose_1_2
@@ -66,7 +67,7 @@ def match_ssd_mixer(scan: Node) -> dict | Reject:
     norm = _norm_of(scan, walked)
     if isinstance(norm, Reject):
         return norm
-    x, z, norm_weight, group_size = norm.args[:4]
+    z = optional_node_arg(norm, 1)
     heads, head_dim = shape(args["x"])[2:]
     groups, state = shape(args["B"])[2:]
     inner, gn = heads * head_dim, groups * state
@@ -83,9 +84,9 @@ def match_ssd_mixer(scan: Node) -> dict | Reject:
     if not (pieces["B"] is conv_token_major and pieces["C"] is conv_token_major):
         return Reject("x, B and C are not slices of one conv output")
     conv_out = transpose_1_2(conv_token_major)
-    if conv_out is None or conv_out.target != operator.getitem or conv_out.args[0].target != CONV:
+    if conv_out is None or conv_out.target != operator.getitem or node_arg(conv_out).target != CONV:
         return Reject("x, B and C do not come from a causal_conv1d (transposed back)")
-    conv = conv_out.args[0]
+    conv = node_arg(conv_out)
     walked.update((conv_token_major, conv_out, conv))
     conv_args = bind_arguments(conv.target, conv.args, conv.kwargs)
     if conv_args["initial_state"] is not None:

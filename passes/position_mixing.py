@@ -27,6 +27,7 @@ from torch.fx import Node
 
 from ssmcc.ops import is_ssmcc_op
 from ssmcc.ops.contracts import bind_arguments, is_positionwise, state_contract
+from ssmcc.passes.call_args import int_arg, list_arg, node_arg, nodes_arg, str_arg
 from ssmcc.passes.dim_labels import is_full_slice
 from ssmcc.passes.locations import module_path
 from ssmcc.passes.rules import live_nodes
@@ -211,6 +212,7 @@ def _reason(node: Node, symbol) -> str | None:
         "_"
     ):  # in place: read as its functional form
         packet = getattr(aten, packet.__name__.rstrip("_"), packet)
+    packet_name = "" if packet is None else packet.__name__
     paired_inputs = any(len(_position_axes(t, symbol)) > 1 for t in tensors)
     if len(_position_axes(node, symbol)) > 1 and not paired_inputs:
         return "pairs positions with positions (its result has two sequence axes)"
@@ -237,7 +239,7 @@ def _reason(node: Node, symbol) -> str | None:
         last_two = {_rank(first) - 2, _rank(first) - 1}
         return "masks positions against positions" if last_two <= axes else None
     if packet == aten.slice:
-        dim = node.args[1] % _rank(first) if len(node.args) > 1 else 0
+        dim = int_arg(node, 1) % _rank(first) if len(node.args) > 1 else 0
         if dim in axes and not is_full_slice(node):
             return "slices the sequence (some positions read others' values)"
         return None
@@ -245,43 +247,43 @@ def _reason(node: Node, symbol) -> str | None:
         dims = _dims(bind_arguments(target, node.args, node.kwargs).get("dim"), _rank(first))
         if axes and (dims is None or dims & axes):
             verb = "reduces over" if packet in _REDUCTIONS else "works along"
-            return f"{verb} the sequence axis ({packet.__name__} over dim {sorted(dims or axes)})"
+            return f"{verb} the sequence axis ({packet_name} over dim {sorted(dims or axes)})"
         return None
     if packet in _CONTRACTIONS:
-        left = node.args[1] if packet in (aten.addmm, aten.baddbmm) else first
+        left = node_arg(node, 1 if packet in (aten.addmm, aten.baddbmm) else 0)
         size = left.meta["val"].shape[-1]
         if _has_symbol(size, symbol):
-            return f"contracts over the sequence ({packet.__name__})"
+            return f"contracts over the sequence ({packet_name})"
         return None
     if packet == aten.einsum:
         return _einsum_reason(node, symbol)
     if packet in _CONVOLUTIONS:
-        weight = node.args[1].meta["val"]
+        weight = node_arg(node, 1).meta["val"]
         spatial = {a for a in axes if a >= 2}
         if spatial and any(int(k) > 1 for k in weight.shape[2:]):
             return "convolves along the sequence"
         return None
     if packet in _LAST_DIMS_NORMS:
-        count = len(node.args[1])
+        count = len(list_arg(node, 1))
         if any(a >= _rank(first) - count for a in axes):
             return "normalises over the sequence"
         return None
     if packet in _JOINS:
-        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        axis = int_arg(node, 1) if len(node.args) > 1 else node.kwargs.get("dim", 0)
         rank = _rank(node) - 1 if packet == aten.stack else _rank(node)
-        seqs = set().union(*(_position_axes(t, symbol) for t in node.args[0]))
-        if dim % max(rank, 1) in seqs:
-            return f"joins along the sequence axis ({packet.__name__})"
+        seqs = set().union(*(_position_axes(t, symbol) for t in nodes_arg(node, 0)))
+        if isinstance(axis, int) and axis % max(rank, 1) in seqs:
+            return f"joins along the sequence axis ({packet_name})"
         return None
     if packet == aten.constant_pad_nd:
-        pads = node.args[1]
+        pads = list_arg(node, 1)
         padded = {_rank(first) - 1 - i // 2 for i, p in enumerate(pads) if p != 0}
         return "pads along the sequence" if padded & axes else None
     if packet in (aten.flip, aten.roll):
         dims = _dims(node.args[-1], _rank(first))
         return "reorders positions" if dims is None or dims & axes else None
     if packet == aten.index:
-        indexed = {i for i, index in enumerate(node.args[1]) if index is not None}
+        indexed = {i for i, index in enumerate(list_arg(node, 1)) if index is not None}
         return "indexes positions by value" if indexed & axes else None
     name = getattr(target, "__name__", str(target))
     return (
@@ -291,7 +293,7 @@ def _reason(node: Node, symbol) -> str | None:
 
 
 def _einsum_reason(node: Node, symbol) -> str | None:
-    equation, operands = node.args[0], node.args[1]
+    equation, operands = str_arg(node, 0), nodes_arg(node, 1)
     inputs, output = equation.replace(" ", "").split("->")
     kept = set(output)
     for letters, operand in zip(inputs.split(","), operands, strict=False):

@@ -16,6 +16,8 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, TensorArgument
 from torch.fx import GraphModule, Node
 
+from ssmcc.passes.call_args import list_arg
+
 
 @contextlib.contextmanager
 def _quiet_pytree_deprecation():
@@ -40,7 +42,7 @@ def clone_program(program: ExportedProgram) -> ExportedProgram:
 
 
 def output_nodes(graph_module: GraphModule) -> list:
-    return list(graph_module.graph.output_node().args[0])
+    return list_arg(graph_module.graph.output_node(), 0)
 
 
 def rebuild_program(program: ExportedProgram, graph_module: GraphModule) -> ExportedProgram:

@@ -24,7 +24,7 @@ import functools
 from torch.export import ExportedProgram
 
 from ssmcc.errors import StreamingError
-from ssmcc.ops.contracts import StateSpec, bind_arguments, state_contract
+from ssmcc.ops.contracts import StateSpec, bind_arguments
 from ssmcc.passes.locations import location
 from ssmcc.passes.manager import run_passes
 from ssmcc.passes.pass_base import PassContext
@@ -56,9 +56,9 @@ def streaming_refusal(
             "this program has no SSM layer, so it has no recurrent state: prefill, step and "
             "generate need one"
         )
-    for node in nodes:
+    for node, contract in nodes:
         bound = bind_arguments(node.target, node.args, node.kwargs)
-        for slot in state_contract(node.target).slots:
+        for slot in contract.slots:
             if bound[slot.arg] is not None:
                 return (
                     f"{location(node)}: ssmcc.{op_name(node.target)} already takes its "
@@ -92,7 +92,7 @@ class ProgramSet:
         static_length: int | None = None,
         context: PassContext | None = None,
     ):
-        self.forward = forward
+        self.forward: ExportedProgram | None = forward  # None: restored without it
         self.token_model = token_model
         self.static_length = static_length
         self.context = context if context is not None else PassContext()
@@ -130,7 +130,7 @@ class ProgramSet:
 
         # the compile's options and gates; its report's near misses are not added to
         ctx = dataclasses.replace(self.context, options=dict(self.context.options), diagnostics={})
-        programs = {"forward": self.forward}
+        programs = {"forward": self.program("forward")}
         for graph in STATEFUL_GRAPHS:
             source, passes = derivation(graph, ctx.pipeline)
             programs[graph], _ = run_passes(programs[source], passes, ctx)

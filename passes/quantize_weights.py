@@ -92,7 +92,8 @@ def _use_kind(user: Node, weight: Node) -> str | None:
         kind, scales = SCALED[user.target]
         slots = [i for i in scales if len(user.args) > i and user.args[i] is weight]
         kwarg = scales[slots[0]] if len(slots) == 1 else None
-        others = [a for i, a in enumerate(user.args) if i != (slots or [None])[0]]
+        skipped = slots[0] if slots else None
+        others = [a for i, a in enumerate(user.args) if i != skipped]
         if kwarg and user.kwargs.get(kwarg) is None and weight not in others:
             return kind
         return None
@@ -173,7 +174,7 @@ def quantize_weights(program: ExportedProgram, ctx: PassContext) -> PassResult:
             new_specs[new.name] = InputSpec(InputKind.BUFFER, argument, target, True)
             state_dict[target] = value
             pair.append(new)
-        _rewrite_users(graph, node, *pair, fake_mode, tensor.dtype, hits)
+        _rewrite_users(graph, node, pair[0], pair[1], fake_mode, tensor.dtype, hits)
         if len(set(kinds)) > 1:
             hits["tied"] += 1
         graph.erase_node(node)

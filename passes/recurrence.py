@@ -23,6 +23,7 @@ import dataclasses
 import torch
 from torch.fx import Node
 
+from ssmcc.passes.call_args import node_arg
 from ssmcc.passes.dim_labels import Labelled, Labels, dim_sources, labels_along, shape
 from ssmcc.passes.scan_factoring import Mismatch, StepContext, require, with_time
 
@@ -44,7 +45,7 @@ class ScanLayout:
     also_rank: int | None = None  # a second family's state rank the finder also accepts
 
     def check_state(self, rank: int, where: str, what: str) -> None:
-        ranks = {self.state_rank, self.also_rank} - {None}
+        ranks = {r for r in (self.state_rank, self.also_rank) if r is not None}
         require(
             rank in ranks,
             f"{where}: {what} has {rank} dims; a {self.name} state has "
@@ -97,7 +98,7 @@ def is_zero_fill(node) -> bool:
     if node.target in ZERO_FILLS:
         return True
     if node.target in (aten.full.default, aten.new_full.default):
-        return node.args[-1] == 0
+        return bool(node.args[-1] == 0)
     return False
 
 
@@ -109,20 +110,22 @@ def split_affine(h: Node, H: Node, depends) -> tuple[Node, Node]:
         and h.target == aten.addcmul.default
         and h.kwargs.get("value", 1) == 1
     ):
-        drive, x, y = h.args[:3]
+        drive, x, y = node_arg(h, 0), h.args[1], h.args[2]
         if (x is H) != (y is H) and not depends(drive):
             decay = y if x is H else x
-            require(
-                isinstance(decay, Node) and not depends(decay),
-                f"{h.name}: the decay depends on the state",
-            )
+            if not (isinstance(decay, Node) and not depends(decay)):
+                raise Mismatch(f"{h.name}: the decay depends on the state")
             return decay, drive
     if h.op == "call_function" and h.target == aten.add.Tensor and "alpha" not in h.kwargs:
         operands = [arg for arg in h.args[:2]]
         on_state = [isinstance(x, Node) and depends(x) for x in operands]
         require(sum(on_state) == 1, f"{h.name}: both terms of the update depend on the state")
-        product, drive = operands[on_state.index(True)], operands[on_state.index(False)]
-        if product.op == "call_function" and product.target == aten.mul.Tensor:
+        product, term = operands[on_state.index(True)], operands[on_state.index(False)]
+        if (
+            isinstance(product, Node)
+            and product.op == "call_function"
+            and product.target == aten.mul.Tensor
+        ):
             factors = list(product.args[:2])
             if H in factors:
                 decay = factors[1 - factors.index(H)]
@@ -130,15 +133,15 @@ def split_affine(h: Node, H: Node, depends) -> tuple[Node, Node]:
                     not (isinstance(decay, Node) and depends(decay)),
                     f"{product.name}: the decay depends on the state",
                 )
-                require(isinstance(drive, Node), f"{h.name}: the input term is a constant")
-                require(
-                    isinstance(decay, Node), f"{product.name}: the decay is the constant {decay}"
-                )
+                if not isinstance(term, Node):
+                    raise Mismatch(f"{h.name}: the input term is a constant")
+                if not isinstance(decay, Node):
+                    raise Mismatch(f"{product.name}: the decay is the constant {decay}")
                 require(
                     shape(decay) == shape(H) or len(shape(decay)) <= len(shape(H)),
                     f"{product.name}: the decay has more dims than the state",
                 )
-                return decay, drive
+                return decay, term
     raise Mismatch(_why_not_affine(h, H, depends))
 
 

@@ -16,6 +16,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import Graph, GraphModule, Node
 
+from ssmcc.passes.call_args import node_arg
 from ssmcc.passes.dim_labels import Labelled, dim_sources, shape, value
 from ssmcc.passes.recurrence import NotACandidate, Recurrence, ScanLayout
 from ssmcc.passes.scan_factoring import TIME, StepContext, require
@@ -71,7 +72,7 @@ def _movement_chain_up(node: Node) -> list[Node]:
     """``node`` and what it reads through ops that only move or pick data of one tensor."""
     chain = [node]
     while chain[-1].op == "call_function" and chain[-1].target in MOVEMENT:
-        chain.append(chain[-1].args[0])
+        chain.append(node_arg(chain[-1]))
     return chain
 
 
@@ -201,7 +202,7 @@ def _verify_linear_scan(P: Node, Q: Node, result: Node, region: set, where: str)
     dims = tuple(_hint(size) for size in shape(result))  # symbolic sizes at their example values
     graph = Graph()
     env = {P: graph.placeholder("P"), Q: graph.placeholder("Q")}
-    sizes = {}
+    sizes: dict[Node, int] = {}
     for node in result.graph.nodes:
         if node in region:
             for arg in node.all_input_nodes:
@@ -212,7 +213,7 @@ def _verify_linear_scan(P: Node, Q: Node, result: Node, region: set, where: str)
     graph.output(env[result])
     fn = GraphModule(torch.nn.Module(), graph)
     generator = torch.Generator().manual_seed(0)
-    fits = None
+    fits = set(range(len(dims)))
     # real numbers also where the graph comes from a fake-tensor trace (torch.compile's backend)
     with unset_fake_temporarily():
         for _ in range(2):
@@ -222,7 +223,7 @@ def _verify_linear_scan(P: Node, Q: Node, result: Node, region: set, where: str)
             # H_0 = Q_0 along the time axis (zero start): a cheap filter before the full check
             starts = [a for a in range(len(dims)) if _close(got.select(a, 0), q.select(a, 0))]
             here = {axis for axis in starts if _close(got, _linear_scan(p, q, axis))}
-            fits = here if fits is None else fits & here
+            fits &= here
     require(
         len(fits) == 1,
         f"{where}: the region from {P.name}, {Q.name} to {result.name} is not "

@@ -7,7 +7,8 @@ import operator
 
 from torch.fx import GraphModule, Node
 
-from ssmcc.passes.dim_labels import Labelled, broadcast_labels, shape, value
+from ssmcc.passes.call_args import int_arg, list_arg, node_arg, nodes_arg
+from ssmcc.passes.dim_labels import Labelled, broadcast_labels, shape, tensor
 from ssmcc.passes.recurrence import (
     Recurrence,
     ScanLayout,
@@ -20,27 +21,29 @@ from ssmcc.passes.scan_factoring import StepContext, require
 
 def _getitems(node: Node) -> dict[int, Node]:
     return {
-        u.args[1]: u for u in node.users if u.op == "call_function" and u.target is operator.getitem
+        int_arg(u, 1): u
+        for u in node.users
+        if u.op == "call_function" and u.target is operator.getitem
     }
 
 
 def find_scan_op(node: Node, module: GraphModule, layout: ScanLayout) -> Recurrence:
     """A recurrence computed by ``torch.ops.higher_order.scan`` (its body is one step)."""
-    body_ref, inits, xs = node.args[0], list(node.args[1]), list(node.args[2])
-    extra = list(node.args[3]) if len(node.args) > 3 else []
+    body_ref, inits, xs = node_arg(node, 0), nodes_arg(node, 1), nodes_arg(node, 2)
+    extra = list_arg(node, 3) if len(node.args) > 3 else []
     where = f"scan {node.name}"
     require(len(inits) == 1, f"{where} carries {len(inits)} values; a selective scan carries one")
-    body: GraphModule = getattr(module, body_ref.target)
+    body: GraphModule = getattr(module, str(body_ref.target))  # a get_attr: the body's name
     placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
     H = placeholders[0]
     outer = dict(
         zip(placeholders[1:], [(x, 0) for x in xs] + [(e, None) for e in extra], strict=True)
     )
-    body_out = body.graph.output_node().args[0]
-    h, ys = body_out[0], list(body_out[1:])
+    body_out = nodes_arg(body.graph.output_node(), 0)
+    h, ys = body_out[0], body_out[1:]
     require(len(ys) == 1, f"{where} stacks {len(ys)} outputs per step; expected one")
-    layout.check_state(value(H).dim(), where, "the carried state")
-    rank = value(H).dim()
+    layout.check_state(tensor(H).dim(), where, "the carried state")
+    rank = tensor(H).dim()
     root = tuple(f"r{i}" for i in range(rank))
     memo: dict = {}
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from torch.fx import Node
 
-from ssmcc.passes.dim_labels import Labelled, broadcast_labels, shape, value
+from ssmcc.passes.call_args import int_arg, nodes_arg
+from ssmcc.passes.dim_labels import Labelled, broadcast_labels, shape, tensor, value
 from ssmcc.passes.recurrence import (
     NotACandidate,
     Recurrence,
@@ -29,17 +30,17 @@ COLLECTORS = {aten.stack.default, aten.cat.default}
 def _time_slice(node: Node, steps: dict, T: int) -> tuple[Node, int, bool, int] | None:
     """``select(X, axis, i)`` / ``slice(X, axis, i, i+1)`` of a step-free X along a dim of size T:
     (X, axis, keepdim, i)."""
-    if node.op != "call_function" or not node.args or not isinstance(node.args[0], Node):
+    if node.op != "call_function" or not node.args:
         return None
-    source = node.args[0]
-    if steps.get(source) or value(source) is None:
+    source, source_value = node.args[0], value(node.args[0])
+    if not isinstance(source, Node) or steps.get(source) or source_value is None:
         return None
-    rank = value(source).dim()
+    rank = source_value.dim()
     if node.target == aten.select.int:
-        axis, index = node.args[1] % rank, node.args[2]
+        axis, index = int_arg(node, 1) % rank, node.args[2]
         keep = False
     elif node.target == aten.slice.Tensor and len(node.args) >= 4:
-        axis, index = node.args[1] % rank, node.args[2]
+        axis, index = int_arg(node, 1) % rank, node.args[2]
         end, step = node.args[3], node.args[4] if len(node.args) > 4 else 1
         if not (isinstance(index, int) and isinstance(end, int) and end == index + 1 and step == 1):
             return None
@@ -75,7 +76,7 @@ def _step_sets(stack: Node, T: int) -> tuple[dict, dict]:
             slices[node] = found
             steps[node] = frozenset({found[3]})
             continue
-        deps = frozenset()
+        deps: frozenset = frozenset()
         for arg in node.all_input_nodes:
             deps |= steps.get(arg, frozenset())
         steps[node] = deps
@@ -103,12 +104,12 @@ def _corresponding(a_root: Node, b_root: Node, target: Node, where: str, what: s
 
 def find_unrolled(stack: Node, layout: ScanLayout) -> Recurrence:
     """A recurrence whose per-step outputs ``stack`` gathers (see the module docstring)."""
-    outputs = stack.args[0]
-    axis = stack.args[1] if len(stack.args) > 1 else 0
+    outputs = nodes_arg(stack, 0)
+    axis = int_arg(stack, 1) if len(stack.args) > 1 else 0
     T = len(outputs)
-    if T < 2 or not all(isinstance(v, Node) for v in outputs):
+    if T < 2:
         raise NotACandidate
-    axis %= value(stack).dim()
+    axis %= tensor(stack).dim()
     steps, slices = _step_sets(stack, T)
     owner = {n: max(s) for n, s in steps.items() if s}
     if [owner.get(v) for v in outputs] != list(range(T)):
@@ -177,7 +178,7 @@ def find_unrolled(stack: Node, layout: ScanLayout) -> Recurrence:
             f"{where}: the state of step {t} is also used after the loop by "
             f"{[u.name for u in outside]}",
         )
-    rank = value(h).dim()
+    rank = tensor(h).dim()
     layout.check_state(rank, where, f"the state {h.name}")
     root = tuple(f"r{i}" for i in range(rank))
 
@@ -186,9 +187,10 @@ def find_unrolled(stack: Node, layout: ScanLayout) -> Recurrence:
         is_local=lambda n: owner.get(n) == step,
     )
     init_value = None if init is None or is_zero_fill(init) else Labelled(init, root)
-    if init_value is not None and shape(init) != shape(h):
+    if init_value is not None and shape(init_value.node) != shape(h):
         raise Mismatch(
-            f"{where}: the initial state {init.name} has shape {shape(init)}, the state {shape(h)}"
+            f"{where}: the initial state {init_value.node.name} has shape "
+            f"{shape(init_value.node)}, the state {shape(h)}"
         )
     rec = Recurrence(
         rule="unrolled_loop",

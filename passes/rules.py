@@ -116,7 +116,7 @@ def _arguments(node: Node) -> dict:
 
 
 class _Matcher:
-    def __init__(self):
+    def __init__(self) -> None:
         self.bound: dict = {}
         self.depth = 0
 
@@ -282,14 +282,14 @@ def apply_rules(
     """Apply ``rules`` once over ``graph``: at each node, the first rule whose pattern matches and
     whose check accepts rewrites it. Returns (hits by rule name, near misses by rule name).
     ``live_only``: look only at nodes an output still depends on."""
-    rules = [(rule, rule.targets) for rule in rules]
+    targeted = [(rule, rule.targets) for rule in rules]
     hits: Counter = Counter()
     rejections: dict[str, list[str]] = {}
     live = live_nodes(graph) if live_only else None
     for node in list(graph.nodes):
         if node.op != "call_function" or (live is not None and node not in live):
             continue
-        for rule, targets in rules:
+        for rule, targets in targeted:
             if node.target not in targets:
                 continue
             found = _match(rule.pattern, node)

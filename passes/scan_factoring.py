@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch.fx import Node
+from torch.fx.node import Argument
 
+from ssmcc.passes.call_args import ints_arg, nodes_arg, str_arg
 from ssmcc.passes.dim_labels import (
     Labelled,
     Labels,
@@ -64,9 +67,19 @@ class Mismatch(Exception):
         self.reason = reason
 
 
-def require(condition: bool, reason: str) -> None:
+def require(condition: object, reason: str) -> None:
     if not condition:
         raise Mismatch(reason)
+
+
+T = TypeVar("T")
+
+
+def required(value: T | None, reason: str) -> T:
+    """``value``, which must not be None (``Mismatch(reason)`` where it is)."""
+    if value is None:
+        raise Mismatch(reason)
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +126,7 @@ def with_time(labels: Labels, axis: int | None, keepdim: bool) -> Labels:
 
 def _einsum_operand_labels(node: Node, labels: Labels) -> list[tuple[Node, Labels]] | None:
     """Operands of an einsum that contracts nothing, with their labels; else None."""
-    equation, operands = node.args[0], node.args[1]
+    equation, operands = str_arg(node, 0), nodes_arg(node, 1)
     if "..." in equation or "->" not in equation:
         return None
     inputs, output = equation.replace(" ", "").split("->")
@@ -184,7 +197,7 @@ def _hoist(node: Node, labels: Labels, ctx: StepContext) -> Atom:
         index, base = fixed[0], operands[1 - fixed[0]]
         require(shape(base) == shape(node), f"{node.name} broadcasts its per-step operand")
         atom = _single(node, factor(base, labels, ctx))
-        other = operands[index]
+        other: Atom | Argument = operands[index]
         if isinstance(other, Node):
             other = _single(
                 node, factor(other, broadcast_labels(other, labels, shape(node)), StepContext())
@@ -211,12 +224,11 @@ def decay_exponent(node, labels: Labels, ctx: StepContext) -> list[Atom]:
             continue
         if node.op == "call_function" and node.target == aten.exp.default:
             return factor(node.args[0], labels, ctx)
-        source_labels = input_labels(node, labels)
-        require(
-            source_labels is not None,
+        labels = required(
+            input_labels(node, labels),
             f"the decay is {node.name} ({node.target}), not exp(Δ·A)",
         )
-        node, labels = node.args[0], source_labels
+        node = node.args[0]
 
 
 def decay_factors(decay: tuple[Node, Labels], ctx: StepContext, step: str) -> tuple[Atom, Atom]:
@@ -316,8 +328,10 @@ def read_contraction(
     labels and C."""
     args = list(node.args)
     if node.target in (aten.matmul.default, aten.bmm.default):
-        x_labels = labels_along(h, args[0], h_labels)
-        require(x_labels is not None, f"{node.name}: the state is not the left matmul operand")
+        x_labels = required(
+            labels_along(h, args[0], h_labels),
+            f"{node.name}: the state is not the left matmul operand",
+        )
         other = args[1]
         x_shape, c_shape = shape(args[0]), shape(other)
         require(
@@ -328,43 +342,43 @@ def read_contraction(
         c_lead = broadcast_labels_from(c_shape[:-2], lead, x_shape[:-2])
         readout_labels = x_labels[:-1] + (None,)
         c_labels = c_lead + (state, None)
-    elif node.target == aten.einsum.default and len(args[1]) == 2:
-        inputs, output = args[0].replace(" ", "").split("->")
+    elif node.target == aten.einsum.default and len(nodes_arg(node, 1)) == 2:
+        equation, operands = str_arg(node, 0), nodes_arg(node, 1)
+        inputs, output = equation.replace(" ", "").split("->")
         terms = inputs.split(",")
-        which = [
-            i for i, operand in enumerate(args[1]) if labels_along(h, operand, h_labels) is not None
-        ]
-        require(len(which) == 1, f"{node.name}: einsum does not take the state once")
-        i = which[0]
-        x_labels = labels_along(h, args[1][i], h_labels)
+        along = [labels_along(h, operand, h_labels) for operand in operands]
+        found = [(i, labels) for i, labels in enumerate(along) if labels is not None]
+        require(len(found) == 1, f"{node.name}: einsum does not take the state once")
+        i, x_labels = found[0]
         letters = dict(zip(terms[i], x_labels, strict=True))
         other_term = terms[1 - i]
-        other = args[1][1 - i]
+        other = operands[1 - i]
         state_letters = [c for c, lab in letters.items() if lab == state]
         require(
             state_letters
             and state_letters[0] not in output
             and all(c in letters for c in other_term)
             and all(c in output for c in terms[i] if c != state_letters[0]),
-            f"{node.name}: einsum {args[0]!r} is not a contraction over the state dim",
+            f"{node.name}: einsum {equation!r} is not a contraction over the state dim",
         )
         readout_labels = tuple(letters[c] for c in output)
         c_labels = tuple(letters[c] for c in other_term)
     elif node.target == aten.sum.dim_IntList:
         product = args[0]
-        require(
-            isinstance(product, Node) and product.target == aten.mul.Tensor,
-            f"{node.name}: sum of {getattr(product, 'target', product)}, not of a product",
-        )
-        which = [j for j in range(2) if labels_along(h, product.args[j], h_labels) is not None]
-        require(len(which) == 1, f"{node.name}: the product does not take the state once")
-        x = product.args[which[0]]
-        x_labels = labels_along(h, x, h_labels)
+        if not (isinstance(product, Node) and product.target == aten.mul.Tensor):
+            raise Mismatch(
+                f"{node.name}: sum of {getattr(product, 'target', product)}, not of a product"
+            )
+        along = [labels_along(h, x, h_labels) for x in product.args[:2]]
+        found = [(j, labels) for j, labels in enumerate(along) if labels is not None]
+        require(len(found) == 1, f"{node.name}: the product does not take the state once")
+        j, x_labels = found[0]
+        x = product.args[j]
         require(shape(x) == shape(product), f"{node.name}: the state is broadcast in the product")
-        other = product.args[1 - which[0]]
+        other = product.args[1 - j]
         c_labels = broadcast_labels(other, x_labels, shape(product))
         rank = len(x_labels)
-        dims = [d + rank if d < 0 else d for d in args[1]]
+        dims = [d + rank if d < 0 else d for d in ints_arg(node, 1)]
         keepdim = args[2] if len(args) > 2 else node.kwargs.get("keepdim", False)
         require(
             [x_labels[d] for d in dims] == [state],

@@ -12,7 +12,15 @@ from __future__ import annotations
 import torch
 from torch.fx import Node
 
-from ssmcc.passes.dim_labels import Labelled, Labels, dim_sources, output_labels, shape
+from ssmcc.passes.call_args import int_arg, node_arg
+from ssmcc.passes.dim_labels import (
+    Labelled,
+    Labels,
+    carried_labels,
+    dim_sources,
+    output_labels,
+    shape,
+)
 from ssmcc.passes.recurrence import Recurrence
 from ssmcc.passes.scan_factoring import TIME, Readout, StepContext, read_contraction, require
 
@@ -42,7 +50,7 @@ def _read_states(states: Labelled, state: str, ctx: StepContext):
                 frontier.append((user, following))
                 continue
             time_axis = labels.index(TIME)
-            if user.target == aten.select.int and user.args[1] % len(labels) == time_axis:
+            if user.target == aten.select.int and int_arg(user, 1) % len(labels) == time_axis:
                 require(
                     user.args[2] in (-1, shape(node)[time_axis] - 1),
                     f"{user.name} reads the state at step {user.args[2]}, not the last",
@@ -65,15 +73,20 @@ def read_output(recurrence: Recurrence, state: str) -> tuple[Readout, tuple, lis
         output = Labelled(readout.node, readout.labels)
         last += last_uses
     else:
+        if recurrence.step_output is None or recurrence.collected is None:
+            raise ValueError(f"{recurrence.rule}: a recurrence without outputs (see with_outputs)")
         step_out, h = recurrence.step_output
         reader, chain = step_out, []
-        while reader is not h and dim_sources(reader) is not None:
-            chain.append(reader)
-            reader = reader.args[0]
+        while reader is not h:
+            sources = dim_sources(reader)
+            if sources is None:
+                break
+            chain.append(sources)
+            reader = node_arg(reader)
         readout = read_contraction(reader, h, recurrence.state_labels, state, recurrence.ctx)
         labels = readout.labels
-        for link in reversed(chain):
-            labels = output_labels(link, labels)
+        for sources in reversed(chain):
+            labels = carried_labels(labels, sources)
         collected, axis = recurrence.collected
         output = Labelled(collected, labels[:axis] + (TIME,) + labels[axis:])
     return readout, _follow_layout(output.node, output.labels), last

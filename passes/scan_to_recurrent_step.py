@@ -33,18 +33,19 @@ import torch
 from torch import nn
 from torch.export import Dim, ExportedProgram
 
-from ssmcc.ops.contracts import StateSpec, bind_arguments, state_contract
+from ssmcc.ops.contracts import StateContract, StateSpec, bind_arguments, state_contract
 from ssmcc.passes.locations import layer_of
 from ssmcc.passes.pass_base import PassContext, PassResult
 
 
-def stateful_nodes(program: ExportedProgram) -> list:
-    """The calls of ops with a state contract, in graph order."""
-    return [
-        node
-        for node in program.graph.nodes
-        if node.op == "call_function" and state_contract(node.target) is not None
-    ]
+def stateful_nodes(program: ExportedProgram) -> list[tuple[torch.fx.Node, StateContract]]:
+    """The calls of ops with a state contract, each with its contract, in graph order."""
+    found = []
+    for node in program.graph.nodes:
+        contract = state_contract(node.target) if node.op == "call_function" else None
+        if contract is not None:
+            found.append((node, contract))
+    return found
 
 
 def _meta(value):
@@ -57,10 +58,11 @@ def op_name(target) -> str:
 
 def state_specs(program: ExportedProgram) -> list[StateSpec]:
     """The states of ``program``'s stateful ops, in graph order."""
-    specs, ordinals = [], Counter()
-    for node in stateful_nodes(program):
+    specs: list[StateSpec] = []
+    ordinals: Counter[str] = Counter()
+    for node, contract in stateful_nodes(program):
         args = {k: _meta(v) for k, v in bind_arguments(node.target, node.args, node.kwargs).items()}
-        for slot in state_contract(node.target).slots:
+        for slot in contract.slots:
             layer = layer_of(node) or f"layers.{ordinals[slot.kind]}"
             ordinals[slot.kind] += 1
             name = f"{layer}.{slot.kind}" if slot.per_layer else slot.kind
@@ -68,7 +70,7 @@ def state_specs(program: ExportedProgram) -> list[StateSpec]:
             dtype = str(slot.dtype(args)).removeprefix("torch.")
             specs.append(StateSpec(name, slot.kind, shape, dtype, slot.grows))
     repeated = Counter(s.name for s in specs)
-    seen = Counter()
+    seen: Counter[str] = Counter()
     for i, spec in enumerate(specs):  # e.g. Zamba's scan per head: layers.<i>.<kind>.<j>
         if repeated[spec.name] > 1:
             specs[i] = dataclasses.replace(spec, name=f"{spec.name}.{seen[spec.name]}")
@@ -157,8 +159,7 @@ def expose_recurrent_state(program: ExportedProgram, ctx: PassContext) -> PassRe
 def scan_to_recurrent_step(program: ExportedProgram, ctx: PassContext) -> PassResult:
     """The decode program of a prefill program (see the module docstring)."""
     hits = Counter(
-        f"{op_name(node.target)}->{state_contract(node.target).step_op}"
-        for node in stateful_nodes(program)
+        f"{op_name(node.target)}->{contract.step_op}" for node, contract in stateful_nodes(program)
     )
     if not hits:
         return PassResult(program, False, hits)

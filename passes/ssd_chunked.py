@@ -90,7 +90,7 @@ def _is_zero_pad(node: Node) -> bool:
         return False
     fill = node.args[3] if len(node.args) > 3 else node.kwargs.get("value", 0.0)
     mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
-    return mode == "constant" and (fill is None or fill == 0)
+    return bool(mode == "constant" and (fill is None or fill == 0))
 
 
 def _split_source(node: Node):

@@ -24,7 +24,7 @@ import itertools
 import torch
 from torch.fx import Node
 
-from ssmcc.passes.dim_labels import broadcast_labels, shape
+from ssmcc.passes.dim_labels import Labels, broadcast_labels, shape
 from ssmcc.passes.recurrence import Recurrence
 from ssmcc.passes.scan_factoring import (
     TIME,
@@ -122,7 +122,7 @@ def match_ssd_loop(rec: Recurrence) -> SsdMatch:
             init = _renamed(Atom(rec.init.node, rec.init.labels), mapping)
             match.initial_state = Placed(init, OP_LAYOUT["state"])
         _last_state(match, last, mapping)
-        _skip(match, x, mapping)
+        _skip(match, x, mapping, output_labels)
         return match
     raise Mismatch(why)
 
@@ -134,8 +134,8 @@ def _last_state(match: SsdMatch, uses: list, mapping: dict) -> None:
         match.state_labels = layouts.pop()
 
 
-def _skip(match: SsdMatch, x: Atom, mapping: dict) -> None:
-    """``y + D ⊗ x`` after the scan: the op's D."""
+def _skip(match: SsdMatch, x: Atom, mapping: dict, output_labels: Labels) -> None:
+    """``y + D ⊗ x`` after the scan (its output's dims ``output_labels``): the op's D."""
     node = match.output
     if len(node.users) != 1:
         return
@@ -146,7 +146,7 @@ def _skip(match: SsdMatch, x: Atom, mapping: dict) -> None:
     if not isinstance(other, Node):
         return
     graph_label = {v: k for k, v in mapping.items()}
-    labels = tuple(graph_label.get(label, label) for label in match.output_labels)
+    labels = tuple(graph_label.get(label, label) for label in output_labels)
     try:
         atoms = factor(other, broadcast_labels(other, labels, shape(user)), StepContext())
     except Mismatch:

@@ -25,7 +25,8 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ssmcc.ops import SSMCC_OPS
-from ssmcc.passes.dim_labels import Labels, make_emitter, shape, unlabel_to, value
+from ssmcc.passes.call_args import node_arg
+from ssmcc.passes.dim_labels import Labels, make_emitter, shape, tensor, unlabel_to
 from ssmcc.passes.rules import fake_mode_of
 from ssmcc.passes.scan_factoring import TIME, Atom, label_sizes, place_atom
 
@@ -80,6 +81,8 @@ class SsdMatch:
 def fold_dt(match: SsdMatch) -> None:
     """``dt = clamp(softplus(raw + bias), lo, hi)`` -> the op's dt options (each step optional)."""
     node = match.dt
+    if not isinstance(node, Node):  # a loop's dt, already placed: nothing to fold
+        return
     if node.target == aten.clamp.default and len(node.args) >= 2 and not node.kwargs:
         lo = node.args[1] if node.args[1] is not None else -math.inf
         hi = node.args[2] if len(node.args) > 2 and node.args[2] is not None else math.inf
@@ -100,7 +103,7 @@ def fold_dt(match: SsdMatch) -> None:
         return
     match.dt_softplus = True
     match.folds.append("fold_softplus")
-    node = node.args[0]
+    node = node_arg(node)
     if node.target == aten.add.Tensor and "alpha" not in node.kwargs:
         for i in range(2):
             raw, bias = node.args[i], node.args[1 - i]
@@ -182,11 +185,11 @@ def rewrite_ssd(match: SsdMatch, graph_module: GraphModule) -> None:
 
 
 def _float32(emit, node: Node | None) -> Node | None:
-    if node is None or value(node).dtype == torch.float32:
+    if node is None or tensor(node).dtype == torch.float32:
         return node
     return emit(aten._to_copy.default, node, dtype=torch.float32)
 
 
 def _cast_like(emit, node: Node, like: Node) -> Node:
-    want = value(like).dtype
-    return node if value(node).dtype == want else emit(aten._to_copy.default, node, dtype=want)
+    want = tensor(like).dtype
+    return node if tensor(node).dtype == want else emit(aten._to_copy.default, node, dtype=want)

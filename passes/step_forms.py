@@ -22,6 +22,7 @@ class StepForms:
     def invariant(self, node: Node) -> object:
         """Structural form of a step-free value (so per-step copies of ``B[:, None]`` agree)."""
         if node not in self.invariant_forms:
+            result: tuple
             if node.op in ("placeholder", "get_attr"):
                 result = ("input", node.name)
             else:

@@ -12,6 +12,7 @@ import operator
 import torch
 from torch.fx import Node
 
+from ssmcc.passes.call_args import int_arg, ints_arg, node_arg, size_arg, sizes_arg
 from ssmcc.passes.dim_labels import shape
 from ssmcc.passes.rules import Reject
 
@@ -36,13 +37,12 @@ def _last_axis(node: Node, dim) -> bool:
 
 def split_offset(split: Node, index: int) -> int | None:
     """The offset of piece ``index`` of a split along the last axis, or None."""
-    source, sizes = split.args[0], split.args[1]
     dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
-    if not _last_axis(source, dim):
+    if not _last_axis(node_arg(split), dim):
         return None
     if split.target == aten.split.Tensor:  # equal pieces of ``sizes`` each
-        return index * int(sizes)
-    return sum(int(s) for s in sizes[:index])
+        return index * int(size_arg(split, 1))
+    return sum(int(s) for s in sizes_arg(split, 1)[:index])
 
 
 def token_slice(node: Node, walked: set) -> tuple[Node, int] | Reject:
@@ -58,22 +58,23 @@ def token_slice(node: Node, walked: set) -> tuple[Node, int] | Reject:
             break
         if node.target in VIEWS:
             walked.add(node)
-            node = node.args[0]
-        elif node.target == operator.getitem and node.args[0].target in SPLITS:
-            piece = split_offset(node.args[0], node.args[1])
+            node = node_arg(node)
+        elif node.target == operator.getitem and node_arg(node).target in SPLITS:
+            split = node_arg(node)
+            piece = split_offset(split, int_arg(node, 1))
             if piece is None:
-                return Reject(f"{node.args[0].name} splits another axis than the last")
-            walked.update((node, node.args[0]))
+                return Reject(f"{split.name} splits another axis than the last")
+            walked.update((node, split))
             offset += piece
-            node = node.args[0].args[0]
-        elif node.target == aten.slice.Tensor and _last_axis(node.args[0], node.args[1]):
+            node = node_arg(split)
+        elif node.target == aten.slice.Tensor and _last_axis(node_arg(node), node.args[1]):
             start = node.args[2] if len(node.args) > 2 and node.args[2] is not None else 0
             step = node.args[4] if len(node.args) > 4 else 1
             if not isinstance(start, int) or step != 1:
                 return Reject(f"{node.name} slices with a symbolic start or a step")
             walked.add(node)
             offset += start
-            node = node.args[0]
+            node = node_arg(node)
         else:
             break
     if len(shape(node)) != 3:
@@ -84,15 +85,16 @@ def token_slice(node: Node, walked: set) -> tuple[Node, int] | Reject:
 def transpose_1_2(node) -> Node | None:
     if not isinstance(node, Node) or node.op != "call_function":
         return None
-    if node.target == aten.transpose.int and sorted(a % 3 for a in node.args[1:3]) == [1, 2]:
-        return node.args[0]
-    if node.target == aten.permute.default and list(node.args[1]) == [0, 2, 1]:
-        return node.args[0]
+    if node.target == aten.transpose.int:
+        swapped = {int_arg(node, 1) % 3, int_arg(node, 2) % 3}
+        return node_arg(node) if swapped == {1, 2} else None
+    if node.target == aten.permute.default and ints_arg(node, 1) == [0, 2, 1]:
+        return node_arg(node)
     return None
 
 
 def getitems(node: Node) -> dict[int, Node]:
-    return {u.args[1]: u for u in node.users if u.target == operator.getitem}
+    return {int_arg(u, 1): u for u in node.users if u.target == operator.getitem}
 
 
 def channel_slice(node: Node, walked: set) -> tuple[Node, int] | Reject:
@@ -103,27 +105,26 @@ def channel_slice(node: Node, walked: set) -> tuple[Node, int] | Reject:
         aten.slice.Tensor,
     ):
         if node.target == operator.getitem:
-            split = node.args[0]
+            split, index = node_arg(node), int_arg(node, 1)
             dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
             if split.target == aten.chunk.default and dim in (1, -2):
-                offset += node.args[1] * (shape(split.args[0])[1] // split.args[1])
+                offset += index * (shape(node_arg(split))[1] // int_arg(split, 1))
             elif split.target in SPLITS and dim in (1, -2):
-                sizes = split.args[1]
                 if split.target == aten.split.Tensor:
-                    offset += node.args[1] * int(sizes)
+                    offset += index * int(size_arg(split, 1))
                 else:
-                    offset += sum(int(s) for s in sizes[: node.args[1]])
+                    offset += sum(int(s) for s in sizes_arg(split, 1)[:index])
             else:
                 return Reject(f"{node.name} is not a channel slice")
             walked.update((node, split))
-            node = split.args[0]
+            node = node_arg(split)
         else:
             if node.args[1] not in (1, -2) or (len(node.args) > 4 and node.args[4] != 1):
                 return Reject(f"{node.name} slices another axis than the channels")
-            start = node.args[2] if len(node.args) > 2 and node.args[2] is not None else 0
+            start = size_arg(node, 2) if len(node.args) > 2 and node.args[2] is not None else 0
             walked.add(node)
             offset += int(start)
-            node = node.args[0]
+            node = node_arg(node)
     token_major = transpose_1_2(node)
     if token_major is None:
         return Reject(f"{node.name} is not a transposed (b, l, w) projection output")

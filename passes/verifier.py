@@ -78,8 +78,11 @@ def _describe(value) -> str:
 def _check_ssmcc_node(node: Node, fake_mode) -> str | None:
     args = [_meta_of(a) for a in node.args]
     kwargs = {k: _meta_of(v) for k, v in node.kwargs.items()}
+    target = node.target
+    if not callable(target):  # a call's target is an op (fx types it as possibly a name)
+        return f"{node.name}: target {target!r} is not callable"
     with fake_mode:
-        recomputed = node.target(*args, **kwargs)
+        recomputed = target(*args, **kwargs)
     if _describe(recomputed) != _describe(node.meta.get("val")):
         return (
             f"{node.name}: recorded {_describe(node.meta.get('val'))}, "
@@ -116,9 +119,9 @@ def verification_errors(program: ExportedProgram) -> list[str]:
             )
             continue
         if node.target in SYMBOLIC_ARITHMETIC:
-            error = _check_symbolic_arithmetic(node)
-            if error:
-                errors.append(error)
+            problem = _check_symbolic_arithmetic(node)
+            if problem:
+                errors.append(problem)
             continue
         if node.users and "val" not in node.meta:
             errors.append(f"{node.name}: no meta['val'] (shape/dtype unknown)")

@@ -19,20 +19,22 @@ from collections.abc import Callable, Iterator, Mapping
 
 from ssmcc.ops.definition import OpDefinition, OpDefinitionError, definition_of
 
+Check = Callable[[OpDefinition, object], "str | None"]  # why the implementation does not fit
+
 
 @dataclasses.dataclass(frozen=True)
 class Registration:
     implementation: object
     description: str
-    check: object = None  # Check, kept to check the implementation again (``recheck``)
+    check: Check | None = None  # kept to check the implementation again (``recheck``)
 
 
 REGISTRY: dict[str, dict[str, Registration]] = {}
 
-Check = Callable[[OpDefinition, object], "str | None"]  # why the implementation does not fit
 
-
-def register(backend: str, op, implementation, *, description: str = "", check: Check = None):
+def register(
+    backend: str, op, implementation, *, description: str = "", check: Check | None = None
+):
     """Record ``implementation`` as ``backend``'s for ``op`` (a definition, its name, custom op or
     OpOverload); returns the implementation."""
     try:
@@ -56,7 +58,7 @@ def register(backend: str, op, implementation, *, description: str = "", check: 
     return implementation
 
 
-def implements(backend: str, op, *, description: str = "", check: Check = None):
+def implements(backend: str, op, *, description: str = "", check: Check | None = None):
     """``register`` as a decorator."""
 
     def decorate(implementation):

@@ -67,7 +67,7 @@ def define(op, reference: Callable, arguments: type | None = None) -> OpDefiniti
             f"define() takes a torch.library.custom_op in the ssmcc namespace, got {op!r}"
         )
     definition = OpDefinition(name, op, reference, arguments)
-    if definition.arguments != definition.schema_arguments:
+    if arguments is not None and definition.arguments != definition.schema_arguments:
         raise OpDefinitionError(
             f"ssmcc.{name}: its arguments dataclass {arguments.__name__} has fields "
             f"({', '.join(definition.arguments)}), the schema "

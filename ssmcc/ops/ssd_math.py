@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def discretized_dt(dt: Tensor, dt_bias, dt_softplus: bool, dt_min: float, dt_max: float) -> Tensor:
+def discretized_dt(
+    dt: Tensor, dt_bias: Tensor | None, dt_softplus: bool, dt_min: float, dt_max: float | None
+) -> Tensor:
     step = dt.float()
     if dt_bias is not None:
         step = step + dt_bias.float()

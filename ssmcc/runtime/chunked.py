@@ -41,7 +41,7 @@ def run_chunks(
     states: list[torch.Tensor],
     chunk_size: int,
     cache: PrefixCache | None = None,
-    model_id: str | None = None,
+    model_id: str = "",
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Run ``ids`` chunk by chunk from ``states``; returns (each chunk's logits, final states).
 
@@ -49,10 +49,11 @@ def run_chunks(
     chunk-aligned prefix; the first element of the returned logits is then the cached last-token
     logits (b, vocab) of that prefix, and every full chunk's end state is stored.
     """
-    outputs, start = [], 0
+    outputs: list[torch.Tensor] = []
+    start = 0
     if cache is not None:
         start, cached_states, cached_logits = restore_prefix(cache, model_id, ids, chunk_size)
-        if start:
+        if cached_states is not None and cached_logits is not None:
             states, outputs = cached_states, [cached_logits]
     for begin in range(start, ids.shape[1], chunk_size):
         chunk = ids[:, begin : begin + chunk_size]

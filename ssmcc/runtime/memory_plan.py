@@ -60,7 +60,9 @@ class MemoryPlan:
 
     @classmethod
     def of(cls, specs: list[StateSpec], context: int, batch: int) -> MemoryPlan:
-        ssm, attention, other = defaultdict(int), defaultdict(int), 0
+        ssm: defaultdict[str, int] = defaultdict(int)
+        attention: defaultdict[str, int] = defaultdict(int)
+        other = 0
         for spec in specs:
             if spec.kind in KV_KINDS:
                 attention[_layer(spec.name)] += _per_token_bytes(spec)
@@ -100,7 +102,7 @@ class MemoryPlan:
     @property
     def vllm_bytes(self) -> int | None:
         block, page = self.vllm_block_size, self.vllm_page_bytes
-        if block is None:
+        if block is None or page is None:
             return None
         pages = len(self.attention_layers) * math.ceil(self.context / block) + len(self.ssm_layers)
         return self.batch * pages * page
