@@ -76,8 +76,36 @@ QUICK_FILES = frozenset(
 )
 
 
+# Files whose every test goes through a whole external runtime, a server, a subprocess per
+# command or an ahead-of-time GPU build: CI runs them (it runs everything); the default run
+# (``-m "not slow"``, the tier before a commit) leaves them out. Given the ``slow`` marker here.
+SLOW_FILES = frozenset(
+    {
+        "test_benchmarks_harness.py",
+        "test_dynamo_backend.py",
+        "test_examples.py",
+        "test_gpu_check.py",
+        "test_onnx_reference_evaluator.py",
+        "test_openvino.py",
+        "test_serving_triton.py",
+        "test_tensorrt_graphs.py",
+        "test_tensorrt_target.py",
+        "test_torch_compile_bench.py",
+        "test_triton_aot.py",
+        "test_triton_decode_graph.py",
+        "test_weights_in_place.py",
+    }
+)
+
+
 def pytest_collection_modifyitems(config, items):
+    here = {path.name for path in pathlib.Path(__file__).parent.glob("test_*.py")}
+    unknown = (QUICK_FILES | SLOW_FILES) - here
+    if unknown:
+        raise pytest.UsageError(f"tests/conftest.py names test files that do not exist: {unknown}")
     for item in items:
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
         if (
             item.path.name in QUICK_FILES
             and item.get_closest_marker("slow") is None

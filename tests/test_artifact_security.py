@@ -237,6 +237,7 @@ def _killed_saves(saved: str, tmp_path, kills: int) -> None:
     ssmcc.load(out)
 
 
+@pytest.mark.slow
 def test_killed_saves_leave_nothing_behind(saved_onnx, tmp_path):
     _killed_saves(saved_onnx, tmp_path, kills=2)
 

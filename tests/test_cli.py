@@ -146,6 +146,7 @@ def test_cli_defaults_come_from_the_options():
     assert list(pipeline.choices) == ["default", "unfused", "none"]
 
 
+@pytest.mark.slow
 def test_compile_takes_dtype_and_pipeline_like_the_api(tmp_path, capsys):
     out = str(tmp_path / "bf16")
     argv = ["compile", "mamba-tiny", "--target", "torch", "--dtype", "bfloat16", "--out", out]
@@ -248,6 +249,7 @@ def test_inspect_of_a_missing_program_file(tmp_path, capsys):
     )
 
 
+@pytest.mark.slow
 def test_compile_verbose_gives_each_phase_its_time_and_memory(tmp_path, capsys):
     import re
 
@@ -262,7 +264,8 @@ def test_compile_verbose_gives_each_phase_its_time_and_memory(tmp_path, capsys):
     assert plain and not any(" rss " in line for line in plain)  # without -v: no figures
 
 
-@pytest.mark.parametrize("target", ["torch", pytest.param("onnx", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["torch", "onnx"])
 def test_compile_builds_the_kernels_so_that_run_never_builds(target, tmp_path):
     """With an empty kernel cache, ``ssmcc compile`` builds what the target runs natively (with a
     progress line), and the first ``ssmcc run`` of the artifact, a new process, builds nothing."""
@@ -323,6 +326,7 @@ def test_headers_that_cannot_be_fetched_are_said_and_the_cache_dir_is_honoured(
     assert done.returncode == 0 and f"already in {headers}" in done.stdout, done.stdout
 
 
+@pytest.mark.slow
 def test_run_compiles_a_model_for_the_target_and_options_asked(tmp_path, capsys):
     """``ssmcc run MODEL`` compiles for ``--target`` with ``--dtype``/``--pipeline``/``--quantize``
     first (the tokens are those of the API's compile); given an artifact they are refused."""

@@ -17,10 +17,11 @@ RULES = {"loop": "unrolled_loop", "scan_op": "scan_op", "pscan": "parallel_scan"
 
 @pytest.mark.parametrize(
     "form,target",
-    [("scan_op", "torch"), ("loop", "onnx")]
+    [("scan_op", "torch")]
     + [
         pytest.param(form, target, marks=pytest.mark.slow)
         for form, target in [
+            ("loop", "onnx"),
             ("loop", "torch"),
             ("pscan", "torch"),
             ("scan_op", "onnx"),

@@ -110,7 +110,7 @@ def test_a_head_dim_equal_to_the_captured_length_is_not_taken_for_the_length():
         assert (torch.as_tensor(compiled(rows)) - _hf_logits(model, rows)).abs().max() <= TOLERANCE
 
 
-@pytest.mark.parametrize("target", ["torch", "onnx"])
+@pytest.mark.parametrize("target", ["torch", pytest.param("onnx", marks=pytest.mark.slow)])
 def test_a_per_step_loop_in_head_layout_is_found(target):
     model = build("loop")
     ids = torch.randint(0, 64, (2, 12))

@@ -7,6 +7,14 @@ Tolerance: logits within 1e-4 of HF eager (fp32). Greedy generation is compared 
 decoding by HF's full forward over the growing sequence (no cache), the oracle HF's own cached
 ``generate`` is meant to equal: it does for these configs except NemotronH at batch 3, where HF's
 cached decode drifts from its full forward (checked by hand on 2026-12-02, transformers 5.24).
+
+Every input is drawn from a seeded generator: a mixture-of-experts router's top-k is
+discontinuous where two experts' scores tie, and the kernels' float32 sums (ordered differently
+from HF's) can flip a choice closer than ~1e-7, moving that token's output by ~1e-2. On
+granite-hybrid-tiny at batch 3, L 37, the smallest gap between the second and third expert's
+score over 600 seeds was 5.4e-7 (median 1.8e-4) and no seed failed; one unseeded CI draw on
+2026-12-06 did (0.0096 at one position). Fixed inputs keep the tolerance a statement about
+those inputs, the same in every run.
 """
 
 from __future__ import annotations
@@ -46,6 +54,10 @@ def hybrid(name: str, seed: int = 0):
             if param_name.endswith(("A_log", ".D", "dt_proj.bias", "dt_bias")):
                 param.data.uniform_(-1.0, 1.0)
     return model.eval()
+
+
+def _ids(vocab: int, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
 
 
 def _logits(model, ids):
@@ -88,7 +100,7 @@ def test_every_layer_kind_becomes_an_ssmcc_op(family):
 @pytest.mark.parametrize("length", [1, 7, 37, 300])
 def test_logits_match_hf(family, target, batch, length):
     _, model, compiled = family
-    ids = torch.randint(0, model.config.vocab_size, (batch, length))
+    ids = _ids(model.config.vocab_size, (batch, length), seed=1000 * batch + length)
     assert (compiled[target](ids) - _logits(model, ids)).abs().max() <= TOLERANCE
 
 
@@ -100,6 +112,7 @@ FUSION_TOLERANCE = 1e-5  # fused against unfused programs, fp32 (fuse_scan_norm_
 FUSION_FAMILIES = ("granite-hybrid-tiny", "jamba-tiny", "zamba-tiny", "falcon-h1-tiny")
 
 
+@pytest.mark.slow
 def test_fused_programs_match_unfused_ones(family):
     """A hybrid's fused programs (the default pipeline, torch and ONNX) against the unfused
     pipeline on the torch target: logits at batch 1/3 and odd lengths, a prefill's state
@@ -134,7 +147,7 @@ def test_fused_programs_match_unfused_ones(family):
 @pytest.mark.parametrize("target", ["torch", "onnx"])
 def test_prefill_then_steps_equals_prefill(family, target):
     _, model, compiled = family
-    ids = torch.randint(0, model.config.vocab_size, (3, 40))
+    ids = _ids(model.config.vocab_size, (3, 40), seed=40)
     full, full_state = compiled[target].prefill(ids)
     logits, state = compiled[target].prefill(ids[:, :23])
     for t in range(23, 40):
@@ -186,14 +199,15 @@ def test_onnx_artifact_runs_in_stock_onnxruntime(name, tmp_path):
     ssmcc.compile(model, target="onnx").save(folder)
     stock = ssmcc.load(folder, kernels="reference")
     for length in (1, 37, 300):
-        ids = torch.randint(0, model.config.vocab_size, (2, length))
+        ids = _ids(model.config.vocab_size, (2, length), seed=length)
         assert (stock(ids) - _logits(model, ids)).abs().max() <= TOLERANCE, length
-    ids = torch.randint(0, model.config.vocab_size, (2, 40))
+    ids = _ids(model.config.vocab_size, (2, 40), seed=40)
     logits, state = stock.prefill(ids[:, :39])
     step, _ = stock.step(ids[:, 39], state)
     assert (step - _logits(model, ids)[:, -1]).abs().max() <= TOLERANCE
 
 
+@pytest.mark.slow
 def test_torch_artifact_round_trip_keeps_caches_and_counter(tmp_path):
     """A saved and loaded torch artifact of a model with K/V caches and the int64 position
     counter: its state specs (growing axes, dtypes) come back and it streams the same."""
@@ -204,7 +218,7 @@ def test_torch_artifact_round_trip_keeps_caches_and_counter(tmp_path):
     loaded = ssmcc.load(folder)
     assert loaded.state_specs == compiled.state_specs
     assert {s.dtype for s in loaded.state_specs} == {"float32", "int64"}
-    ids = torch.randint(0, model.config.vocab_size, (2, 30))
+    ids = _ids(model.config.vocab_size, (2, 30), seed=30)
     _, state = loaded.prefill(ids[:, :29])
     assert state["position"].flatten().tolist() == [29, 29]
     step, _ = loaded.step(ids[:, 29], state)
@@ -217,7 +231,7 @@ def test_prefix_cache_restores_caches_and_counter(family, target):
     states: the same last logits and state as without the cache; an entry's bytes grow with
     its prefix (the K/V caches), which the budget counts."""
     _, model, compiled = family
-    ids = torch.randint(0, model.config.vocab_size, (1, 45))
+    ids = _ids(model.config.vocab_size, (1, 45), seed=45)
     expected, expected_state = compiled[target].prefill(ids, chunk_size=16, last_only=True)
     cache = ssmcc.PrefixCache(64 << 20)
     compiled[target].prefill(ids[:, :40], chunk_size=16, last_only=True, prefix_cache=cache)
@@ -235,7 +249,8 @@ def test_prefix_cache_restores_caches_and_counter(family, target):
 BF16_TOLERANCE = dict(rtol=3e-2, atol=5e-2)
 
 
-@pytest.mark.parametrize("name", [slow_case("jamba-tiny"), "granite-hybrid-tiny"])
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["jamba-tiny", "granite-hybrid-tiny"])
 def test_bfloat16_hybrid_matches_hf_in_bfloat16(name):
     """``dtype=torch.bfloat16`` on the torch target: the SSM ops compute in float32 inside, the
     attention in float32 with bf16 caches (the key's dtype), the experts in float32; logits
@@ -263,6 +278,7 @@ def test_unrouted_experts_are_named_with_what_to_do():
         ssmcc.compile(hybrid("granite-hybrid-tiny"), target="torch", route=False)
 
 
+@pytest.mark.slow
 def test_projection_of_width_zero_is_zero_on_every_target():
     """GraniteMoeHybrid with ``shared_intermediate_size=0`` (a shared MLP of width 0, whose output
     HF computes as the empty sum, zero): the torch target keeps such a product as ``aten.linear``

@@ -166,6 +166,7 @@ def _denormals_survive() -> bool:
     return (torch.tensor([1e-38]) / 1000).item() != 0.0
 
 
+@pytest.mark.slow
 def test_the_kernels_leave_the_process_float_mode_alone():
     """Loading and running the kernel libraries keeps denormals in the caller's own arithmetic:
     they flush denormals only inside their calls (a library linked with -ffast-math would set

@@ -25,7 +25,7 @@ TOLERANCE = 1e-5
     "target,kernels",
     [
         ("torch", "auto"),
-        ("onnx", "auto"),
+        pytest.param("onnx", "auto", marks=pytest.mark.slow),
         pytest.param("onnx", "reference", marks=pytest.mark.slow),
     ],
 )

@@ -200,6 +200,7 @@ def test_few_tokens_means_static_and_small_or_one_per_sequence():
     assert not few_tokens("s0*s1", "s0") and not few_tokens("s1", "s0")
 
 
+@pytest.mark.slow
 def test_hybrid_step_graph_runs_the_experts_as_one_node_per_layer(tmp_path):
     """granite-hybrid-tiny: every MoE layer of the step graph is one MoeExperts node (no
     per-expert blocks), prefill and chunk keep the standard form; the step graph's logits equal

@@ -78,6 +78,7 @@ def test_eager_op_calls_reach_the_kernel():
     torch.testing.assert_close(out, moe_experts_ref(hidden, index, weights, up, down), **TOLERANCE)
 
 
+@pytest.mark.slow
 def test_torch_target_hybrid_decode_runs_the_kernel_and_matches_the_reference_kernels():
     """granite-hybrid-tiny on the torch target: prefill + steps with the C++ kernels (the experts
     kernel in every step) equal the same program on the ops' references within 1e-4."""

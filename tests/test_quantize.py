@@ -295,7 +295,7 @@ TARGET_CASES = [
     ("torch", "int8"),
     pytest.param("torch", "int8-g64", marks=SLOW),
     pytest.param("torch", "fp16", marks=SLOW),
-    ("onnx", "int8"),
+    pytest.param("onnx", "int8", marks=SLOW),  # by default: test_onnx_step_uses_the_library_kernel
     pytest.param("onnx", "bf16", marks=SLOW),
     pytest.param("onnx", "int8-g32", marks=SLOW),
     pytest.param("torch", "bf16", marks=SLOW),

@@ -59,7 +59,7 @@ def test_golden_tiny_mamba2(golden):
     "target,kernels",
     [
         ("torch", "auto"),
-        ("onnx", "auto"),
+        pytest.param("onnx", "auto", marks=pytest.mark.slow),
         pytest.param("onnx", "reference", marks=pytest.mark.slow),
     ],
 )

@@ -47,7 +47,7 @@ def test_the_tokenizer_is_trained_and_round_trips():
     assert tokenizer.decode(ids) == PROMPT
 
 
-@pytest.mark.parametrize("target", ["torch", "onnx"])
+@pytest.mark.parametrize("target", ["torch", pytest.param("onnx", marks=pytest.mark.slow)])
 def test_generate_text_matches_hugging_face(folder, target, tmp_path):
     model = transformers.AutoModelForCausalLM.from_pretrained(folder)
     compiled = ssmcc.compile(model, target)  # tokenizer="auto": the one beside the checkpoint

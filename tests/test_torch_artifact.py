@@ -149,6 +149,7 @@ def test_unreadable_program_is_named(saved, tmp_path):
         ssmcc.load(str(folder), verify=False)
 
 
+@pytest.mark.slow
 def test_cli_torch_and_onnx_artifacts_print_the_same_tokens(tmp_path, capsys):
     runs = {}
     for target in ("torch", "onnx"):

@@ -350,6 +350,7 @@ def _ptxas_report(ptx: str) -> tuple[int, int]:
     return registers, spills
 
 
+@pytest.mark.slow
 def test_step_kernels_build_for_sm90_without_spills():
     from ssmcc.kernels.triton import aot
 

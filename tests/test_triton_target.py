@@ -27,9 +27,9 @@ from .test_hybrids import _greedy_by_full_forward, _logits, hybrid
 pytest.importorskip("triton", reason='Triton is an optional extra: pip install ".[triton]"')
 
 TOLERANCE = 1e-4
-MODELS = [
+MODELS = [  # Mamba-2's kernels by default in test_triton_ssd and test_triton_kernels
     "mamba-tiny",
-    "mamba2-tiny",
+    pytest.param("mamba2-tiny", marks=pytest.mark.slow),
     pytest.param("granite-hybrid-tiny", marks=pytest.mark.slow),
 ]
 
@@ -83,6 +83,7 @@ def test_the_programs_call_triton_kernels():
     assert not any(str(getattr(n.target, "namespace", "")) == "ssmcc" for n in step.graph.nodes)
 
 
+@pytest.mark.slow
 def test_save_and_load(tmp_path):
     model = build_preset("mamba2-tiny").eval()
     program = ssmcc.compile(model, target="triton", interpret=True)
