@@ -50,7 +50,9 @@ def latest_section(history: pathlib.Path = HISTORY) -> str:
         if path not in chosen:
             continue
         suites = chosen[path]
-        only = dict(sitting, rows=[r for r in sitting["rows"] if r["suite"] in suites])
+        # a contender a suite does not apply to ("n/a: ..." rows) says nothing worth a line
+        rows = [r for r in sitting["rows"] if r["suite"] in suites and "note" not in r]
+        only = dict(sitting, rows=rows)
         cpu = sitting["machine"].get("cpu", "CPU not recorded")
         parts.append(
             f"**{', '.join(suites)}** — `history/{path.name}`, {cpu}:\n\n"

@@ -49,8 +49,12 @@ def _decode(contender: str, ms: float) -> dict:
 
 
 def test_each_suite_shows_its_newest_sitting(tmp_path):
+    not_applicable = {"suite": "decode", "contender": "matmuls-only", "note": "prefill only"}
     older = _sitting(
-        "2026-12-01T10:00:00", "mamba-130m", [_prefill("a", 100.0), _decode("a", 30)], "Old CPU"
+        "2026-12-01T10:00:00",
+        "mamba-130m",
+        [_prefill("a", 100.0), _decode("a", 30), not_applicable],
+        "Old CPU",
     )
     newer = _sitting("2026-12-02T10:00:00", "mamba-130m", [_prefill("b", 555.5)], "New CPU")
     for sitting in (older, newer):
@@ -64,6 +68,7 @@ def test_each_suite_shows_its_newest_sitting(tmp_path):
     assert decode.startswith("**decode**") and "Old CPU" in decode and "30.0" in decode
     assert "New CPU" in prefill and "555.5" in prefill and "100.0" not in section
     assert "No sitting recorded yet: memory, export, long-prefill, prefix-cache." in section
+    assert "matmuls-only" not in section  # a contender the suite does not apply to
 
 
 def test_a_file_that_is_not_a_run_result_is_refused(tmp_path):
