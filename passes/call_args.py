@@ -8,42 +8,50 @@ checker as well, and where a graph disagrees (a rewrite bug) they fail naming th
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 from torch.fx import Node
 from torch.fx.node import Argument
 
 Size = int | torch.SymInt
+T = TypeVar("T")
 
 
 def _wrong(node: Node, index: int, found: object, what: str) -> TypeError:
     return TypeError(f"%{node.name} argument {index} is {found!r}, not {what}")
 
 
+def _one(node: Node, index: int, kind: type[T], what: str) -> T:
+    found = node.args[index]
+    if not isinstance(found, kind):
+        raise _wrong(node, index, found, what)
+    return found
+
+
+def _each(node: Node, index: int, kind: type[T], what: str) -> list[T]:
+    found = node.args[index]
+    if isinstance(found, (list, tuple)):
+        items = [item for item in found if isinstance(item, kind)]
+        if len(items) == len(found):
+            return items
+    raise _wrong(node, index, found, what)
+
+
 def node_arg(node: Node, index: int = 0) -> Node:
     """``node.args[index]``, a value the graph computes (a tensor, or the tuple ``getitem``
     reads): the node computing it."""
-    found = node.args[index]
-    if not isinstance(found, Node):
-        raise _wrong(node, index, found, "a node")
-    return found
+    return _one(node, index, Node, "a node")
 
 
 def optional_node_arg(node: Node, index: int) -> Node | None:
     """``node.args[index]``, an optional tensor argument (``Tensor?``): its node, or None."""
-    found = node.args[index]
-    if found is not None and not isinstance(found, Node):
-        raise _wrong(node, index, found, "a node or None")
-    return found
+    return None if node.args[index] is None else _one(node, index, Node, "a node or None")
 
 
 def nodes_arg(node: Node, index: int) -> list[Node]:
     """``node.args[index]``, a list of tensors (``stack``'s, ``cat``'s): their nodes."""
-    found = node.args[index]
-    if isinstance(found, (list, tuple)):
-        nodes = [v for v in found if isinstance(v, Node)]
-        if len(nodes) == len(found):
-            return nodes
-    raise _wrong(node, index, found, "a list of tensors")
+    return _each(node, index, Node, "a list of tensors")
 
 
 def list_arg(node: Node, index: int) -> list[Argument]:
@@ -57,28 +65,17 @@ def list_arg(node: Node, index: int) -> list[Argument]:
 
 def int_arg(node: Node, index: int) -> int:
     """``node.args[index]``, an int argument (a dim, an index)."""
-    found = node.args[index]
-    if not isinstance(found, int):
-        raise _wrong(node, index, found, "an int")
-    return found
+    return _one(node, index, int, "an int")
 
 
 def ints_arg(node: Node, index: int) -> list[int]:
     """``node.args[index]``, an int list argument (dims)."""
-    found = node.args[index]
-    if isinstance(found, (list, tuple)):
-        ints = [d for d in found if isinstance(d, int)]
-        if len(ints) == len(found):
-            return ints
-    raise _wrong(node, index, found, "a list of ints")
+    return _each(node, index, int, "a list of ints")
 
 
 def str_arg(node: Node, index: int) -> str:
     """``node.args[index]``, a string argument (an einsum equation)."""
-    found = node.args[index]
-    if not isinstance(found, str):
-        raise _wrong(node, index, found, "a string")
-    return found
+    return _one(node, index, str, "a string")
 
 
 def size_arg(node: Node, index: int) -> Size:
