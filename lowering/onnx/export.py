@@ -9,6 +9,8 @@ ssmcc op type; ``onnx.checker`` passes with full checking.
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import io
 import logging
 import re
@@ -72,6 +74,122 @@ def _quiet_exporter():
             yield
     finally:
         logger.setLevel(level)
+
+
+@functools.cache
+def _torchlib_registry():
+    """torch.onnx's registry of its ATen translations at ``OPSET``, built once per process
+    (building it compiles every torchlib function: about a second, which ``torch.onnx.export``
+    spends again on every call)."""
+    from torch.onnx._internal.exporter._registration import ONNXRegistry
+
+    return ONNXRegistry.from_torchlib(opset_version=OPSET)
+
+
+def _registry_with(table: dict):
+    """A copy of the torchlib registry with ssmcc's translations (``table``) registered first."""
+    from torch.onnx._internal.exporter._registration import ONNXRegistry
+
+    base = _torchlib_registry()
+    registry = ONNXRegistry()
+    registry._opset_version = base.opset_version
+    registry.functions = {target: list(metas) for target, metas in base.functions.items()}
+    for target, function in table.items():
+        registry.register_op(target, function, is_complex=False)
+    return registry
+
+
+def _needs_decomposition(program: ExportedProgram, registry) -> list[str]:
+    """What torch.onnx's decomposition (a retrace of the whole program) would have to rewrite
+    before the program can be translated: ATen ops without an ONNX translation, mutating ops,
+    and calls other than ATen/ssmcc ops and symbolic-shape arithmetic (higher-order ops)."""
+    needs = []
+    for node in program.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload):
+            if target._schema.is_mutable or not registry.is_registered(target):
+                needs.append(str(target))
+        elif getattr(target, "__module__", None) not in ("_operator", "torch"):
+            needs.append(str(target))
+    return needs
+
+
+def _graph_copy(program: ExportedProgram) -> ExportedProgram:
+    """``program`` over a copy of its graph (the weights shared): the exporter's type promotion
+    edits the graph it is given, and the compiled model keeps its program."""
+    graph = torch.fx.Graph()
+    graph._codegen = program.graph._codegen
+    graph.output(graph.graph_copy(program.graph, {}))
+    copied = copy.copy(program)
+    copied._graph_module = torch.fx.GraphModule(program.graph_module, graph)
+    return copied
+
+
+_ALIASING_CASTS = {
+    torch.ops.aten.to.dtype,
+    torch.ops.aten.to.device,
+    torch.ops.aten.to.dtype_layout,
+}
+
+
+def _functional_casts(graph: torch.fx.Graph) -> None:
+    """``aten.to`` (which returns its input when nothing changes) as the decomposition writes
+    it: its input where dtype, device and layout are kept, else ``aten._to_copy(x, dtype=...)``
+    (the only change a program exported on the CPU can make is the dtype)."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _ALIASING_CASTS:
+            continue
+        source, result = node.args[0].meta.get("val"), node.meta.get("val")
+        if not isinstance(source, torch.Tensor) or not isinstance(result, torch.Tensor):
+            continue
+        if (source.device, source.layout) != (result.device, result.layout):
+            continue
+        if source.dtype == result.dtype:
+            node.replace_all_uses_with(node.args[0])
+        else:
+            with graph.inserting_before(node):
+                cast = graph.call_function(
+                    torch.ops.aten._to_copy.default, (node.args[0],), {"dtype": result.dtype}
+                )
+            cast.meta = dict(node.meta)
+            node.replace_all_uses_with(cast)
+        graph.erase_node(node)
+
+
+def _export(program: ExportedProgram, table: dict, input_names, output_names):
+    """What ``torch.onnx.export(program, dynamo=True, custom_translation_table=table,
+    optimize=False, opset_version=OPSET)`` does for an ``ExportedProgram`` (torch 2.13's
+    ``export_compat`` and ``_core.export``), with the registry built once and, where it would
+    change nothing but the casts (``_needs_decomposition``), without re-tracing the program to
+    decompose it: on ssmcc's programs that retrace is most of an export's time."""
+    from torch.onnx._internal._lazy_import import onnxscript_apis
+    from torch.onnx._internal.exporter import _core, _fx_passes, _ir_passes
+
+    registry = _registry_with(table)
+    prepared = _graph_copy(program)
+    _functional_casts(prepared.graph)
+    if _needs_decomposition(prepared, registry):
+        return _core.export(
+            program,
+            registry=registry,
+            input_names=input_names,
+            output_names=output_names,
+            optimize=False,
+            opset_version=OPSET,
+            verbose=False,
+        )
+    with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+        _fx_passes.insert_type_promotion_nodes(prepared.graph_module)
+        _fx_passes.remove_assertion_nodes(prepared.graph_module)
+    exported = _core._exported_program_to_onnx_program(prepared, registry=registry)
+    exported.model = onnxscript_apis.convert_version(exported.model, OPSET)
+    if input_names:
+        _ir_passes.rename_inputs(exported.model, input_names)
+    if output_names:
+        _ir_passes.rename_outputs(exported.model, output_names)
+    return exported
 
 
 def _translation_table(program: ExportedProgram, runtime_nodes: bool) -> dict:
@@ -221,16 +339,7 @@ def lower_to_onnx(
         )
     try:
         with _quiet_exporter():
-            exported = torch.onnx.export(
-                program,
-                dynamo=True,
-                custom_translation_table=table,
-                optimize=False,  # optimised below, keeping weights as the model stores them
-                opset_version=OPSET,
-                input_names=input_names,
-                output_names=output_names,
-                verbose=False,
-            )
+            exported = _export(program, table, input_names, output_names)
     except Exception as error:
         raise LoweringError(
             f"backend 'onnx': torch.onnx.export failed: {type(error).__name__}: "
