@@ -1,7 +1,8 @@
 """``ProgramSet``: the programs of one compiled model, what every target lowers.
 
 - ``forward``: the program after the pipeline (the model's own inputs -> its outputs);
-- for a token model that can stream, derived once on first use, each by its state pass and then
+- for a token model that can stream, each derived once on its first use (``chunk`` from
+  ``prefill``, the others from ``forward``), by its state pass and then
   the pipeline the program was compiled with, under the same ``PassContext`` (the user's choices
   and the target's gates; ``pipelines.derivation`` holds the pass lists):
 
@@ -124,17 +125,19 @@ class ProgramSet:
 
     @functools.cached_property
     def _stateful(self) -> dict[str, ExportedProgram]:
+        """The stateful programs derived so far, by name (each derived on first use)."""
         if self.refusal is not None:
             raise StreamingError(self.refusal)
+        return {}
+
+    def _derive(self, graph: str) -> ExportedProgram:
         from ssmcc.passes.pipelines import derivation  # the pattern passes; not needed to run
 
         # the compile's options and gates; its report's near misses are not added to
         ctx = dataclasses.replace(self.context, options=dict(self.context.options), diagnostics={})
-        programs = {"forward": self.program("forward")}
-        for graph in STATEFUL_GRAPHS:
-            source, passes = derivation(graph, ctx.pipeline)
-            programs[graph], _ = run_passes(programs[source], passes, ctx)
-        return {graph: programs[graph] for graph in STATEFUL_GRAPHS}
+        source, passes = derivation(graph, ctx.pipeline)
+        program, _ = run_passes(self.program(source), passes, ctx)
+        return program
 
     @property
     def graphs(self) -> tuple[str, ...]:
@@ -148,4 +151,6 @@ class ProgramSet:
             return self.forward
         if name not in STATEFUL_GRAPHS:
             raise KeyError(f"no program {name!r}; this set has {', '.join(self.graphs)}")
+        if name not in self._stateful:
+            self._stateful[name] = self._derive(name)
         return self._stateful[name]

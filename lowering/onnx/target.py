@@ -37,6 +37,7 @@ from ssmcc.artifact_files import FolderFiles
 from ssmcc.errors import ArtifactError, LoweringError
 from ssmcc.file_pages import release_file_pages
 from ssmcc.lowering.artifact_checks import check_state_inputs, check_vocab_size
+from ssmcc.lowering.onnx.chunk_graph import chunk_from_prefill
 from ssmcc.lowering.onnx.graph_edits import remove_dead_nodes
 from ssmcc.lowering.onnx.schemas import DOMAIN, VERSION
 from ssmcc.lowering.onnx.weights_in_place import read_weights_in_place
@@ -191,12 +192,24 @@ def _exported_models(programs: ProgramSet, take_weights, runtime_nodes: bool = T
         names = [s.name for s in programs.specs]
         inputs = ["input_ids", *names]
         outputs = ["logits", *[f"{n}.next" for n in names]]
+        prefill = None
         for graph in STATEFUL_GRAPHS:
+            if graph == "chunk" and prefill is not None:
+                chunk = chunk_from_prefill(prefill)
+                del prefill
+                if chunk is not None:
+                    phase("derived the chunk graph from the prefill graph")
+                    yield graph, chunk
+                    continue
             phase(f"exporting the {graph} graph to ONNX")
             program = programs.program(graph)
-            yield graph, lower_to_onnx(
+            model = lower_to_onnx(
                 program, inputs, outputs, _dim_names(program), take_weights, runtime_nodes
             )
+            if graph == "prefill":  # its weights are references by now: a small copy
+                prefill = onnx.ModelProto()
+                prefill.CopyFrom(model)
+            yield graph, model
         return
     token = programs.token_model
     phase("exporting the forward graph to ONNX")
