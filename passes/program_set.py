@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 
 from torch.export import ExportedProgram
 
@@ -99,6 +100,7 @@ class ProgramSet:
         self.context = context if context is not None else PassContext()
         self.refusal = streaming_refusal(forward, token_model, static_length)
         self.specs: list[StateSpec] = [] if self.refusal else state_specs(forward)
+        self._deriving = threading.RLock()
 
     @classmethod
     def restored(
@@ -114,6 +116,7 @@ class ProgramSet:
         self.token_model = token_model
         self.static_length = None
         self.context = PassContext()
+        self._deriving = threading.RLock()
         self.refusal = refusal
         self.specs = list(specs)
         self.__dict__["_stateful"] = {k: v for k, v in programs.items() if k != "forward"}
@@ -151,6 +154,7 @@ class ProgramSet:
             return self.forward
         if name not in STATEFUL_GRAPHS:
             raise KeyError(f"no program {name!r}; this set has {', '.join(self.graphs)}")
-        if name not in self._stateful:
-            self._stateful[name] = self._derive(name)
-        return self._stateful[name]
+        with self._deriving:  # torch.export is not thread-safe; chunk derives prefill first
+            if name not in self._stateful:
+                self._stateful[name] = self._derive(name)
+            return self._stateful[name]

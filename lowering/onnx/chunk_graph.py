@@ -35,8 +35,22 @@ _POSITIONWISE = {"Cast", "Mul", "Div", "Add", "Sub", "Tanh", "Identity"}
 _HEADS = {("", "MatMul"), (DOMAIN, "Linear"), (DOMAIN, "QuantizedLinear"), (DOMAIN, "HalfLinear")}
 
 
-def _dims(value: onnx.ValueInfoProto) -> list:
-    return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+def _rank(value: onnx.ValueInfoProto) -> int:
+    return len(value.type.tensor_type.shape.dim)
+
+
+def _only_on_the_path(graph: onnx.GraphProto, path: list[onnx.NodeProto]) -> bool:
+    """Each value from the head to the logits is read by the next node of the path alone (and is
+    no graph output), and nothing reads the logits: moving the head changes nothing else."""
+    outputs = {value.name for value in graph.output}
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    inner = [name for node in path[:-1] for name in node.output]
+    if any(readers.get(name, 0) != 1 or name in outputs for name in inner):
+        return False
+    return readers.get(LOGITS, 0) == 0 and all(len(node.output) == 1 for node in path)
 
 
 def _constant_ranks(graph: onnx.GraphProto) -> dict[str, int]:
@@ -87,18 +101,15 @@ def chunk_from_prefill(prefill: onnx.ModelProto) -> onnx.ModelProto | None:
     graph = prefill.graph
     if not graph.output or graph.output[0].name != LOGITS:
         return None
+    if _rank(graph.output[0]) != 3:
+        return None
     path = _head_path(graph)
-    if path is None:
+    if path is None or not _only_on_the_path(graph, path):
         return None
     hidden_infos = [v for v in graph.value_info if v.name == path[0].input[0]]
-    if not hidden_infos or len(_dims(hidden_infos[0])) != 3:
+    if not hidden_infos or _rank(hidden_infos[0]) != 3:
         return None  # the hidden states are not (b, l, d): slicing axis 1 would cut elsewhere
-    chunk = onnx.ModelProto()
-    chunk.CopyFrom(prefill)
-    graph = chunk.graph
-    head = next(n for n in graph.node if list(n.output) == list(path[0].output))
-    last = next(n for n in graph.node if LOGITS in n.output)
-    hidden = head.input[0]
+    hidden = path[0].input[0]
     names = {
         "starts": "chunk.last_position.starts",
         "ends": "chunk.last_position.ends",
@@ -107,6 +118,15 @@ def chunk_from_prefill(prefill: onnx.ModelProto) -> onnx.ModelProto | None:
         "sliced": f"{hidden}.last_position",
         "logits": "chunk.last_position.logits",
     }
+    taken = {name for node in graph.node for name in [*node.input, *node.output]}
+    taken |= {tensor.name for tensor in graph.initializer}
+    if taken & set(names.values()):
+        return None
+    chunk = onnx.ModelProto()
+    chunk.CopyFrom(prefill)
+    graph = chunk.graph
+    head = next(n for n in graph.node if list(n.output) == list(path[0].output))
+    last = next(n for n in graph.node if LOGITS in n.output)
     graph.initializer.extend(
         [
             helper.make_tensor(names["starts"], onnx.TensorProto.INT64, [1], [-1]),
@@ -139,12 +159,12 @@ def chunk_from_prefill(prefill: onnx.ModelProto) -> onnx.ModelProto | None:
     graph.value_info.extend(kept)
     # the head's input is one row per sequence: ``read_weights_in_place`` reads that as a
     # product to run as matrix-vector (as in the chunk program's export)
-    rows = _dims(hidden_infos[0])
-    graph.value_info.append(
-        helper.make_tensor_value_info(
-            names["sliced"], hidden_infos[0].type.tensor_type.elem_type, [rows[0], 1, rows[2]]
-        )
-    )
+    sliced = graph.value_info.add()
+    sliced.CopyFrom(hidden_infos[0])
+    sliced.name = names["sliced"]
+    position_dim = sliced.type.tensor_type.shape.dim[1]
+    position_dim.Clear()
+    position_dim.dim_value = 1
     logits = graph.output[0].type.tensor_type.shape
     del logits.dim[1]
     return chunk

@@ -13,6 +13,7 @@ import copy
 import functools
 import io
 import logging
+import operator
 import re
 import warnings
 
@@ -101,27 +102,28 @@ def _registry_with(table: dict):
 
 def _needs_decomposition(program: ExportedProgram, registry) -> list[str]:
     """What torch.onnx's decomposition (a retrace of the whole program) would have to rewrite
-    before the program can be translated: ATen ops without an ONNX translation, mutating ops,
-    and calls other than ATen/ssmcc ops and symbolic-shape arithmetic (higher-order ops)."""
+    before the program can be translated: ops and functions without an ONNX translation (or a
+    mutating one) and higher-order ops. ``operator.getitem`` is translated on its own."""
     needs = []
     for node in program.graph.nodes:
-        if node.op != "call_function":
+        if node.op != "call_function" or node.target is operator.getitem:
             continue
         target = node.target
-        if isinstance(target, torch._ops.OpOverload):
-            if target._schema.is_mutable or not registry.is_registered(target):
-                needs.append(str(target))
-        elif getattr(target, "__module__", None) not in ("_operator", "torch"):
+        mutable = isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+        if mutable or not registry.is_registered(target):
             needs.append(str(target))
     return needs
 
 
-def _graph_copy(program: ExportedProgram) -> ExportedProgram:
+def _graph_copy(program: ExportedProgram) -> ExportedProgram | None:
     """``program`` over a copy of its graph (the weights shared): the exporter's type promotion
-    edits the graph it is given, and the compiled model keeps its program."""
+    edits the graph it is given, and the compiled model keeps its program. None where the copy
+    renamed a node the signature names (fx renames a placeholder named after a builtin)."""
     graph = torch.fx.Graph()
     graph._codegen = program.graph._codegen
     graph.output(graph.graph_copy(program.graph, {}))
+    if [n.name for n in graph.nodes] != [n.name for n in program.graph.nodes]:
+        return None
     copied = copy.copy(program)
     copied._graph_module = torch.fx.GraphModule(program.graph_module, graph)
     return copied
@@ -144,6 +146,8 @@ def _functional_casts(graph: torch.fx.Graph) -> None:
         source, result = node.args[0].meta.get("val"), node.meta.get("val")
         if not isinstance(source, torch.Tensor) or not isinstance(result, torch.Tensor):
             continue
+        if graph.output_node() in node.users:  # the signature names it: left to the whole path
+            continue
         if (source.device, source.layout) != (result.device, result.layout):
             continue
         if source.dtype == result.dtype:
@@ -165,12 +169,14 @@ def _export(program: ExportedProgram, table: dict, input_names, output_names):
     change nothing but the casts (``_needs_decomposition``), without re-tracing the program to
     decompose it: on ssmcc's programs that retrace is most of an export's time."""
     from torch.onnx._internal._lazy_import import onnxscript_apis
-    from torch.onnx._internal.exporter import _core, _fx_passes, _ir_passes
+    from torch.onnx._internal.exporter import _core, _flags, _fx_passes, _ir_passes
 
     registry = _registry_with(table)
     prepared = _graph_copy(program)
-    _functional_casts(prepared.graph)
-    if _needs_decomposition(prepared, registry):
+    if prepared is not None:
+        _functional_casts(prepared.graph)
+        _fx_passes.remove_assertion_nodes(prepared.graph_module)
+    if prepared is None or _needs_decomposition(prepared, registry):
         return _core.export(
             program,
             registry=registry,
@@ -182,8 +188,8 @@ def _export(program: ExportedProgram, table: dict, input_names, output_names):
         )
     with torch.fx.experimental._config.patch(backed_size_oblivious=True):
         _fx_passes.insert_type_promotion_nodes(prepared.graph_module)
-        _fx_passes.remove_assertion_nodes(prepared.graph_module)
-    exported = _core._exported_program_to_onnx_program(prepared, registry=registry)
+    translate = _flags.set_onnx_exporting_flag(_core._exported_program_to_onnx_program)
+    exported = translate(prepared, registry=registry)
     exported.model = onnxscript_apis.convert_version(exported.model, OPSET)
     if input_names:
         _ir_passes.rename_inputs(exported.model, input_names)

@@ -2,7 +2,8 @@
 
 Its form of a ``ProgramSet`` is a set of ONNX files sharing one weights file:
 ``prefill.onnx`` (``input_ids`` + states -> logits + next states), ``chunk.onnx`` (the same, with
-the last position's logits only: what chunked prefill and ``generate`` run), ``step.onnx`` (one
+the last position's logits only: what chunked prefill and ``generate`` run; derived from the
+prefill graph where its head allows, ``chunk_graph.py``), ``step.onnx`` (one
 token + states -> last logits + next states) and ``weights.bin`` (every initializer stored once,
 by content). A model that does not stream has ``forward.onnx`` (its own inputs and outputs)
 instead. ONNX Runtime sessions open on first use of a graph, from the graph's bytes and with its
