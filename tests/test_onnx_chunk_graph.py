@@ -143,3 +143,23 @@ def test_a_head_output_read_elsewhere_is_not_derived():
         initializers=[helper.make_tensor("scale", onnx.TensorProto.FLOAT, [], [2.0])],
     )
     assert chunk_from_prefill(shared) is None
+
+
+def test_a_head_output_read_inside_a_subgraph_is_not_derived():
+    """A value on the head path read by a node of an If branch (an outer-scope read) counts."""
+    branch = helper.make_graph(
+        [helper.make_node("Identity", ["p"], ["seen"])],
+        "branch",
+        [],
+        [helper.make_tensor_value_info("seen", onnx.TensorProto.FLOAT, None)],
+    )
+    read_in_branch = _graph_with_logits(
+        helper.make_node("MatMul", ["h", "w"], ["p"]),
+        helper.make_node("Div", ["p", "scale"], ["logits"]),
+        helper.make_node("If", ["flag"], ["chosen"], then_branch=branch, else_branch=branch),
+        initializers=[
+            helper.make_tensor("scale", onnx.TensorProto.FLOAT, [], [2.0]),
+            helper.make_tensor("flag", onnx.TensorProto.BOOL, [], [True]),
+        ],
+    )
+    assert chunk_from_prefill(read_in_branch) is None

@@ -28,6 +28,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from ssmcc.lowering.onnx.graph_edits import names_read
 from ssmcc.lowering.onnx.schemas import DOMAIN
 
 LOGITS = "logits"
@@ -45,7 +46,7 @@ def _only_on_the_path(graph: onnx.GraphProto, path: list[onnx.NodeProto]) -> boo
     outputs = {value.name for value in graph.output}
     readers: dict[str, int] = {}
     for node in graph.node:
-        for name in node.input:
+        for name in names_read(node):  # subgraphs' reads of outer values included
             readers[name] = readers.get(name, 0) + 1
     inner = [name for node in path[:-1] for name in node.output]
     if any(readers.get(name, 0) != 1 or name in outputs for name in inner):
@@ -118,7 +119,7 @@ def chunk_from_prefill(prefill: onnx.ModelProto) -> onnx.ModelProto | None:
         "sliced": f"{hidden}.last_position",
         "logits": "chunk.last_position.logits",
     }
-    taken = {name for node in graph.node for name in [*node.input, *node.output]}
+    taken = {name for node in graph.node for name in [*names_read(node), *node.output]}
     taken |= {tensor.name for tensor in graph.initializer}
     if taken & set(names.values()):
         return None
