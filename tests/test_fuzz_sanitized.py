@@ -2,8 +2,8 @@
 
 Value comparisons cannot see a read past the end of a buffer that happens to hold plausible
 numbers; AddressSanitizer can. The C++ kernel path and the ORT library path run in a fresh
-process with ``SSMCC_SANITIZE=1`` (kernels rebuilt with the sanitizers into their own cache
-entries) and the sanitizer runtimes preloaded; any report aborts that process. The first 150
+process with ``SSMCC_SANITIZE=1`` (kernels rebuilt at -O1 with the sanitizers into their own
+cache entries) and the sanitizer runtimes preloaded; any report aborts that process. The first 150
 cases per op: every shape family the generator draws (empty and long sequences, strides, groups,
 widths, projections stored small) appears in them; the instrumented kernels run ~10x slower, so
 the further cases of the long run are left to the uninstrumented fuzz test.
