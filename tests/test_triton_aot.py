@@ -133,6 +133,37 @@ def test_ptxas_report_is_of_tritons_own_cubin():
         aot.parse_ptxas_log("ptxas info    : 0 bytes gmem", "k")
 
 
+def test_a_build_reads_tritons_own_ptxas_log_or_reruns_ptxas_on_a_cached_binary():
+    """``compile_with_usage``: a fresh compile is reported from the log of the ptxas run that
+    wrote the cubin, a binary from Triton's cache by a ptxas run of its own; both say what
+    ``ptxas_resources`` says, and nothing reaches stdout."""
+    from triton import knobs
+
+    kernels = aot._jit_functions()
+    spec = next(s for s in _specs("mamba-tiny") if s.kernel == "_selective_scan_chunk_scan_kernel")
+    reran = []
+    real = aot.ptxas_resources
+
+    def counted(*args):
+        reran.append(args)
+        return real(*args)
+
+    def compile_():
+        return aot._compile(spec, 90, kernels)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(aot, "ptxas_resources", counted)
+        with knobs.compilation.scope():
+            knobs.compilation.always_compile = True
+            fresh, fresh_usage = aot.compile_with_usage(compile_, 90)
+        assert reran == []  # read from Triton's own log
+        cached, cached_usage = aot.compile_with_usage(compile_, 90)
+        assert len(reran) == 1  # Triton's cache ran no ptxas
+    assert fresh.asm["cubin"] == cached.asm["cubin"]
+    expected = real(fresh.asm["ptx"], 90, fresh.metadata)[0]
+    assert fresh_usage == cached_usage == expected and expected["registers"] > 0
+
+
 def test_a_failed_build_leaves_nothing(tmp_path, monkeypatch):
     specs = _specs("mamba-tiny")
     with pytest.raises(OptionError, match="unknown architecture"):

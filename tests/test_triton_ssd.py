@@ -27,10 +27,6 @@ architecture's per-block limit (``configs.SSD_GPU``'s note lists the numbers).
 
 from __future__ import annotations
 
-import re
-import subprocess
-import tempfile
-
 import pytest
 import torch
 
@@ -305,22 +301,6 @@ def test_the_chunk_scan_runs_on_tensor_cores(dtype, allow_tf32, arch, instructio
     assert compiled.metadata.shared <= SHARED_LIMIT[arch]
 
 
-def _ptxas_usage(compiled, arch: int) -> tuple[int, int]:
-    """(registers, spilled bytes stored + loaded) from ``ptxas -v``, as Triton runs ptxas."""
-    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
-
-    with tempfile.TemporaryDirectory() as folder:
-        ptx = f"{folder}/k.ptx"
-        with open(ptx, "w") as f:
-            f.write(compiled.asm["ptx"])
-        command = [get_ptxas(arch).path, "-lineinfo", "-v", "--regAllocOptLevel=2"]
-        command += [f"--gpu-name={sm_arch_from_capability(arch)}", ptx, "-o", f"{folder}/k.o"]
-        log = subprocess.run(command, capture_output=True, text=True, check=True).stderr
-    registers = int(re.search(r"Used (\d+) registers", log).group(1))
-    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    return registers, int(spills.group(1)) + int(spills.group(2))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", [90, 80, 86, 89])
 def test_mamba2_ssd_binaries_do_not_spill(arch):
@@ -338,11 +318,13 @@ def test_mamba2_ssd_binaries_do_not_spill(arch):
                 kernel, _, args, meta = launch
                 key = (kernel.fn.__name__, repr(_jit_specialization(kernel, args, meta)))
                 if key not in compiled:
-                    compiled[key] = _compile(launch, arch)
+                    compiled[key] = aot.compile_with_usage(
+                        lambda launch=launch: _compile(launch, arch), arch
+                    )
     usage = {}
-    for (name, _), binary in compiled.items():
-        registers, spilled = _ptxas_usage(binary, arch)
-        usage.setdefault(name, []).append((registers, spilled, binary.metadata.shared))
+    for (name, _), (binary, report) in compiled.items():
+        spilled = report["spill_store_bytes"] + report["spill_load_bytes"]
+        usage.setdefault(name, []).append((report["registers"], spilled, binary.metadata.shared))
     assert set(usage) >= SSD_DOT_KERNELS
     for name, rows in usage.items():
         assert all(spilled == 0 for _, spilled, _ in rows), (name, rows)

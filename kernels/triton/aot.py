@@ -22,17 +22,21 @@ unset): ``ssmcc kernels build`` runs in a process of its own.
 
 Registers and spills: Triton 3.9's compiled metadata has neither without a GPU (``n_regs`` and
 ``n_spills`` are attributes of the compiled kernel set only when a CUDA driver loads the binary,
-and ``n_spills`` there is the local memory size), and it runs ``ptxas -v`` but drops the log. So
-``ptxas_resources`` runs Triton's own ptxas (``get_ptxas``, as Triton finds it) on the PTX with
-Triton's flags; the cubin it writes is byte for byte Triton's (tested), so the report is the
-binary's. A spill (``spill_store_bytes`` > 0) is local-memory traffic in the kernel's inner loop:
-the tests fail on any in the 130m-200m presets' builds.
+and ``n_spills`` there is the local memory size), and it runs ``ptxas -v`` but drops the log unless
+``knobs.nvidia.dump_ptxas_log`` is set: ``build`` sets it and reads the log of the ptxas run that
+wrote the cubin. A binary served from Triton's cache had no ptxas run; ``ptxas_resources`` then
+runs Triton's own ptxas (``get_ptxas``, as Triton finds it) on the PTX with Triton's flags, whose
+cubin is byte for byte Triton's (tested), so either report is the binary's. A spill
+(``spill_store_bytes`` > 0) is local-memory traffic in the kernel's inner loop: the tests fail on
+any in the 130m-200m presets' builds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import math
 import os
@@ -41,6 +45,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -175,6 +180,23 @@ def _compile(spec: Specialization, arch: int, kernels: dict):
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
+def compile_with_usage(compile: Callable[[], Any], arch: int) -> tuple[Any, dict]:
+    """``compile()`` (a ``triton.compile`` for ``arch``) and the binary's ``ptxas -v`` resource
+    usage. Triton prints its own ptxas log when ``knobs.nvidia.dump_ptxas_log`` is set, so a fresh
+    compile is reported from the run that wrote the cubin; one served from Triton's cache (no
+    ptxas run) is reported by running ptxas again (``ptxas_resources``)."""
+    from triton import knobs
+
+    printed = io.StringIO()
+    with knobs.nvidia.scope(), contextlib.redirect_stdout(printed):
+        knobs.nvidia.dump_ptxas_log = True
+        compiled = compile()
+    log, entry = printed.getvalue(), compiled.metadata.name
+    if f"Compiling entry function '{entry}'" in log:
+        return compiled, parse_ptxas_log(log, entry)
+    return compiled, ptxas_resources(compiled.asm["ptx"], arch, compiled.metadata)[0]
+
+
 def _jit_functions() -> dict:
     """Every ``@triton.jit`` kernel of kernels/triton, by name (compiled, not interpreted): the
     launchers', the captured decode's (``kv_pool.py``) and the TensorRT plugins'
@@ -247,7 +269,7 @@ def ptxas_resources(ptx: str, arch: int, metadata) -> tuple[dict, bytes]:
     return parse_ptxas_log(run.stdout + run.stderr, metadata.name), cubin
 
 
-def _entry(spec: Specialization, arch_name: str, compiled, files: dict) -> dict:
+def _entry(spec: Specialization, arch_name: str, compiled, files: dict, usage: dict) -> dict:
     runtime_params = [[n, t] for n, t in spec.signature if t != "constexpr"]
     return {
         "kernel": spec.kernel,
@@ -261,7 +283,7 @@ def _entry(spec: Specialization, arch_name: str, compiled, files: dict) -> dict:
         "num_warps": compiled.metadata.num_warps,
         "num_stages": compiled.metadata.num_stages,
         "shared_bytes": compiled.metadata.shared,
-        **ptxas_resources(compiled.asm["ptx"], ARCHS[arch_name], compiled.metadata)[0],
+        **usage,
         "grid": {"rule": GRID_RULES.get(spec.kernel, ""), "recorded": list(spec.grid)},
     }
 
@@ -304,7 +326,10 @@ def build(
         entries = []
         for index, spec in enumerate(specs):
             for arch_name in archs:
-                compiled = _compile(spec, ARCHS[arch_name], kernels)
+                arch = ARCHS[arch_name]
+                compiled, usage = compile_with_usage(
+                    lambda spec=spec, arch=arch: _compile(spec, arch, kernels), arch
+                )
                 stem = f"{spec.kernel.strip('_')}-{spec.key}.{arch_name}"
                 files = {}
                 for kind in ("ptx", "cubin"):
@@ -313,7 +338,7 @@ def build(
                     with open(os.path.join(staging, f"{stem}.{kind}"), mode) as f:
                         f.write(data)
                     files[kind] = f"{stem}.{kind}"
-                entries.append(_entry(spec, arch_name, compiled, files))
+                entries.append(_entry(spec, arch_name, compiled, files, usage))
             if progress:
                 done = entries[-len(archs) :]
                 usage = ", ".join(
