@@ -102,12 +102,15 @@ def test_hand_written_scans_are_detected_in_the_backends_graph(form, rule, inner
     assert "detected: " in ssmcc.dynamo.explain()
 
 
-@pytest.mark.parametrize("inner", ["eager", "inductor"])
-def test_mamba_py_model_is_one_scan_per_layer(inner):
+def test_mamba_py_model_is_one_scan_per_layer():
     """mamba.py's own ``Mamba`` (``mambapy.mamba``, pscan on): its parallel scans are found in
     the backend's graph at lengths 7, 16 and 20 (pscan pads to a power of two: one graph per
     length, the second and third with symbolic sizes) and the outputs match eager within 1e-4.
-    20 pads to 32: the same rules as 33 (padded to 64), in a shorter symbolic trace."""
+    20 pads to 32: the same rules as 33 (padded to 64), in a shorter symbolic trace. Inductor
+    compiles the rest of the graph; the same rules with the eager inner backend are the
+    hand-written pscan case above (one variant here since 2026-12-06: each costs ~45 s of
+    Dynamo tracing in CI)."""
+    inner = "inductor"
     from mambapy.mamba import Mamba, MambaConfig
 
     torch.manual_seed(0)
