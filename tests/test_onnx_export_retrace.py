@@ -51,7 +51,10 @@ def _direct_and_whole(model, monkeypatch, **options):
     return direct, whole, ids
 
 
-@pytest.mark.parametrize("quantize", ["none", "int8"])
+@pytest.mark.parametrize(
+    "quantize",
+    ["none", pytest.param("int8", marks=pytest.mark.slow)],  # int8: 8-15 s
+)
 def test_mamba_programs_need_no_decomposition_and_export_the_same(monkeypatch, quantize):
     model = make_hf_model("mamba")
     compiled = ssmcc.compile(model, target="torch", quantize=quantize)
