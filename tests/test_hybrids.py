@@ -271,6 +271,7 @@ def test_bfloat16_hybrid_matches_hf_in_bfloat16(name):
     assert compiled.generate(ids, 8).shape == (2, 45)
 
 
+@pytest.mark.slow  # exports HF's own experts code to reach the error: ~10-16 s
 def test_unrouted_experts_are_named_with_what_to_do():
     """Without routing, transformers' grouped experts op stays in the program: no target can
     lower it, and the error says to capture with routing on."""

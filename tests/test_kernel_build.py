@@ -26,17 +26,21 @@ SOURCES = {
     "bad.cpp": "int broken( {\n",
 }
 
-# Builds the small library (argv: source folder, sources...) once the file "go" beside the
-# sources exists, and prints its path: processes started together build at the same moment.
+# Loads build.py (the standard library only: no torch to import) and builds the small library
+# (argv: build.py, source folder, sources...) once the file "go" beside the sources exists, then
+# prints its path: processes started together build at the same moment.
 _BUILD = """
-import os, sys, time
-from ssmcc.kernels.cpu import build
-build.SOURCE_DIR, build.KERNEL_HEADERS = sys.argv[1], []
+import importlib.util, os, sys, time
+spec = importlib.util.spec_from_file_location("build", sys.argv[1])
+build = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(build)
+build.SOURCE_DIR, build.KERNEL_HEADERS = sys.argv[2], []
 print("ready", flush=True)
-while not os.path.exists(os.path.join(sys.argv[1], "go")):
+while not os.path.exists(os.path.join(sys.argv[2], "go")):
     time.sleep(0.001)
-print("built:", build._build("small", sys.argv[2:], []))
+print("built:", build._build("small", sys.argv[3:], []))
 """
+BUILD_PY = os.path.join(REPO, "kernels", "cpu", "build.py")
 
 
 @pytest.fixture
@@ -52,7 +56,7 @@ def sources(tmp_path, monkeypatch):
 
 def _start(folder, *names):
     return subprocess.Popen(
-        [sys.executable, "-c", _BUILD, str(folder), *names],
+        [sys.executable, "-c", _BUILD, BUILD_PY, str(folder), *names],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

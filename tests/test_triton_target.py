@@ -101,6 +101,7 @@ def test_without_a_gpu_it_says_to_interpret():
         ssmcc.compile(model, target="triton")
 
 
+@pytest.mark.slow  # a fresh interpreter that compiles a model: ~8 s
 def test_without_triton_it_says_what_to_install():
     """A Python that cannot import Triton: compile says what to install, other targets work."""
     script = (
