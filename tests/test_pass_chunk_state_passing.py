@@ -81,6 +81,40 @@ def test_head_not_found_falls_back_to_slicing_and_says_why():
     assert torch.equal(last, expected[:, -1]) and torch.equal(new_state, expected_state)
 
 
+class _HeadAlsoReadByTheState(nn.Module):
+    """A linear head whose output the state reads too: slicing its input would change the state."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(6, 4), nn.Linear(4, 5)
+
+    def forward(self, ids, state):
+        logits = self.head(self.embed(ids))
+        return logits, state + logits.sum(1)
+
+
+def test_a_head_read_elsewhere_keeps_its_rows_and_says_why():
+    batch = torch.export.Dim("batch", min=1)
+    model = _HeadAlsoReadByTheState().eval()
+    program = torch.export.export(
+        model,
+        (torch.zeros(2, 8, dtype=torch.long), torch.zeros(2, 5)),
+        dynamic_shapes=({0: batch, 1: torch.export.Dim("seq", min=1)}, {0: batch}),
+    )
+    ctx = PassContext(verify=True)
+    chunk, report = run_passes(program, [chunk_state_passing], ctx)
+    assert report.rule_hits == {"chunk_state_passing.logits_sliced": 1}
+    reason = ctx.diagnostics["chunk_state_passing.head_on_last_position"][0]
+    assert "has other readers" in reason and "linear" in reason
+    ids, state = torch.randint(0, 6, (3, 7)), torch.randn(3, 5)
+    with torch.no_grad():
+        last, new_state = chunk.module()(ids, state)
+        expected, expected_state = model(ids, state)
+    assert torch.equal(last, expected[:, -1]) and torch.equal(new_state, expected_state)
+    recorded = chunk.graph.output_node().args[0][0].meta["val"]  # (b, 5): the last position's
+    assert recorded.dim() == 2 and recorded.shape[1] == 5
+
+
 def test_program_without_states_is_refused():
     _, prefill, _ = _stateful_prefill()
     with pytest.raises(PassError, match="run expose_recurrent_state first"):
