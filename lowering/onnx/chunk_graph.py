@@ -3,8 +3,8 @@
 ``chunk_state_passing`` turns the stateful prefill program into the chunk program by running the
 language-model head on the last position only: ``logits = head(h[:, -1:])[:, -1]``. On the ONNX
 graph of the prefill program the same edit is two nodes, so the ONNX target derives
-``chunk.onnx`` from ``prefill.onnx`` rather than deriving the chunk program (a ``torch.export``
-retrace) and exporting it (a third export of the whole model):
+``chunk.onnx`` from ``prefill.onnx`` rather than exporting the chunk program to ONNX (a third
+export of the whole model):
 
     h (b, l, d) -> [head] -> position-wise ops -> logits (b, l, v)
 
