@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch.export import ExportedProgram
@@ -47,6 +49,7 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from ssmcc.errors import InputError
 from ssmcc.ops import SSMCC_OPS
 from ssmcc.options import DEFAULT_CHUNK_SIZE, check_chunk_size
+from ssmcc.passes.call_args import list_arg
 from ssmcc.passes.pass_base import PassContext, PassResult
 from ssmcc.passes.program import clone_program, rebuild_program
 from ssmcc.passes.rules import CASTS, fake_mode_of
@@ -122,14 +125,18 @@ def _head_chain(graph: torch.fx.Graph, head: torch.fx.Node) -> list[torch.fx.Nod
     """The nodes from the head to the logits output, when each is read by the next alone (and
     the logits by the output alone, once), so slicing the head's input changes nothing else."""
     output = graph.output_node()
-    chain = [output.args[0][0]]
+    results = list_arg(output, 0)
+    first = results[0]
+    if not isinstance(first, torch.fx.Node):
+        return None
+    chain = [first]
     while chain[-1] is not head:
         chain.append(next(a for a in chain[-1].args if isinstance(a, torch.fx.Node)))
     chain.reverse()
     for node, reader in zip(chain, [*chain[1:], output], strict=True):
         if list(node.users) != [reader]:
             return None
-    if sum(value is chain[-1] for value in output.args[0]) != 1:
+    if sum(value is chain[-1] for value in results) != 1:
         return None
     return chain
 
@@ -138,10 +145,12 @@ def _last_position_edit(graph: torch.fx.Graph, chain: list[torch.fx.Node]) -> No
     """``hidden[:, -1:]`` into the head of ``chain`` (none: the logits as they are), then the
     logits output's last position; the edited values' recorded shapes recomputed."""
     output = graph.output_node()
-    results = list(output.args[0])
+    results = list_arg(output, 0)
     logits = results[0]
+    if not isinstance(logits, torch.fx.Node):
+        raise InputError(f"the stateful prefill program's first output is {logits!r}, not logits")
     fake_mode = fake_mode_of(graph)
-    edited = []
+    edited: list[torch.fx.Node] = []
     if chain:
         head = chain[0]
         with graph.inserting_before(head):
@@ -163,7 +172,8 @@ def _last_position_edit(graph: torch.fx.Graph, chain: list[torch.fx.Node]) -> No
         node.meta.setdefault("stack_trace", logits.meta.get("stack_trace"))
         node.meta.setdefault("nn_module_stack", logits.meta.get("nn_module_stack", {}))
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
+        target = cast(Callable[..., Any], node.target)  # a call_function node's: an op
         with fake_mode:
-            node.meta["val"] = node.target(*args, **kwargs)
+            node.meta["val"] = target(*args, **kwargs)
         if "tensor_meta" in logits.meta:
             node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
