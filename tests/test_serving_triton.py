@@ -108,7 +108,7 @@ def test_steps_of_different_sequences_run_as_one_batch(mamba, server):
     logits equal those of its own prefill + steps."""
     compiled, _ = mamba
     client = Client(server.url, "mamba")
-    before = _counts(client)
+    before = _settled_counts(client)
     prompts = [_prompt(50 + i, 7) for i in range(8)]
     tokens = [
         torch.randint(0, 256, (4,), generator=torch.Generator().manual_seed(i)) for i in range(8)
@@ -127,7 +127,7 @@ def test_steps_of_different_sequences_run_as_one_batch(mamba, server):
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(steps, range(8)))
-    after = _counts(client)
+    after = _settled_counts(client)
     inferences, executions = (after[k] - before[k] for k in ("inference", "execution"))
     assert inferences == 8 * 5 and executions < inferences
     for i, got in enumerate(results):
@@ -140,6 +140,20 @@ def test_steps_of_different_sequences_run_as_one_batch(mamba, server):
 def _counts(client: Client) -> dict[str, int]:
     stats = client.client.get_inference_statistics("mamba")["model_stats"][0]
     return {"inference": int(stats["inference_count"]), "execution": int(stats["execution_count"])}
+
+
+def _settled_counts(client: Client) -> dict[str, int]:
+    """The counts once two reads 50 ms apart agree: Triton adds an execution to its statistics
+    after the model has sent that execution's responses, so a client that has its response can
+    read the count before it (seen on a loaded 2-core machine, 2026-12-06)."""
+    counts = _counts(client)
+    for _ in range(40):
+        time.sleep(0.05)
+        again = _counts(client)
+        if again == counts:
+            break
+        counts = again
+    return counts
 
 
 # What a bad client sends (START, ids, the words of its error) while 8 sequences decode: in the
@@ -189,7 +203,7 @@ def test_bad_requests_fail_alone_in_the_batch_they_share(mamba, tmp_path):
 
         def snapshot():  # in whichever thread arrives last: tritonclient's are per thread
             with Client(server.url, "mamba") as client:
-                executions.append(_counts(client)["execution"])
+                executions.append(_settled_counts(client)["execution"])
 
         barrier = threading.Barrier(9, action=snapshot, timeout=120)
 
