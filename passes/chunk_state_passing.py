@@ -79,14 +79,23 @@ def chunk_size_option(ctx: PassContext) -> int:
     return check_chunk_size(ctx.options.get(PASS_NAME, {}).get("chunk_size", DEFAULT_CHUNK_SIZE))
 
 
-def find_head(graph: torch.fx.Graph) -> tuple[torch.fx.Node | None, str]:
-    """The linear/matmul producing the first output through position-wise ops, or why not."""
-    output = next(n for n in graph.nodes if n.op == "output")
-    results = output.args[0]
-    node = results[0] if isinstance(results, (tuple, list)) else results
+def find_head(graph: torch.fx.Graph) -> tuple[list[torch.fx.Node] | None, str]:
+    """The nodes from the linear/matmul head to the first output through position-wise ops, each
+    read by the next alone and the logits once by the output alone (so slicing the head's input
+    changes nothing else), or why not."""
+    output = graph.output_node()
+    results = list_arg(output, 0)
+    chain: list[torch.fx.Node] = []
+    node = results[0] if results else None
     while isinstance(node, torch.fx.Node) and node.op == "call_function":
+        chain.append(node)
         if node.target in _HEADS:
-            return node, ""
+            readers = [output, *chain[:-1]]  # chain runs back from the logits to the head
+            shared = any(list(n.users) != [r] for n, r in zip(chain, readers, strict=True))
+            if shared or results.count(chain[0]) != 1:
+                reason = f"a value between the head {node.name} and the logits has other readers"
+                return None, reason
+            return chain[::-1], ""
         if node.target not in _POSITIONWISE:
             return None, f"logits come from {node.target} ({node.name}), not a position-wise op"
         tensors = [a for a in node.args if isinstance(a, torch.fx.Node)]
@@ -107,10 +116,7 @@ def chunk_state_passing(program: ExportedProgram, ctx: PassContext) -> PassResul
         )
     program = clone_program(program)
     graph = program.graph_module.graph
-    head, reason = find_head(graph)
-    chain = _head_chain(graph, head) if head is not None else None
-    if head is not None and chain is None:
-        reason = f"a value between the head {head.name} and the logits has other readers"
+    chain, reason = find_head(graph)
     hits: Counter[str] = Counter()
     if chain is None:
         hits["logits_sliced"] += 1
@@ -119,26 +125,6 @@ def chunk_state_passing(program: ExportedProgram, ctx: PassContext) -> PassResul
         hits["head_on_last_position"] += 1
     _last_position_edit(graph, chain or [])
     return PassResult(rebuild_program(program, program.graph_module), True, hits)
-
-
-def _head_chain(graph: torch.fx.Graph, head: torch.fx.Node) -> list[torch.fx.Node] | None:
-    """The nodes from the head to the logits output, when each is read by the next alone (and
-    the logits by the output alone, once), so slicing the head's input changes nothing else."""
-    output = graph.output_node()
-    results = list_arg(output, 0)
-    first = results[0]
-    if not isinstance(first, torch.fx.Node):
-        return None
-    chain = [first]
-    while chain[-1] is not head:
-        chain.append(next(a for a in chain[-1].args if isinstance(a, torch.fx.Node)))
-    chain.reverse()
-    for node, reader in zip(chain, [*chain[1:], output], strict=True):
-        if list(node.users) != [reader]:
-            return None
-    if sum(value is chain[-1] for value in results) != 1:
-        return None
-    return chain
 
 
 def _last_position_edit(graph: torch.fx.Graph, chain: list[torch.fx.Node]) -> None:

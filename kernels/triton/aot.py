@@ -341,12 +341,12 @@ def build(
                 entries.append(_entry(spec, arch_name, compiled, files, usage))
             if progress:
                 done = entries[-len(archs) :]
-                usage = ", ".join(
+                summary = ", ".join(
                     f"{e['arch']}: {e['registers']} regs"
                     + (f", spills {e['spill_store_bytes']} B" if e["spill_store_bytes"] else "")
                     for e in done
                 )
-                progress(f"[{index + 1}/{len(specs)}] {spec.kernel} ({usage})")
+                progress(f"[{index + 1}/{len(specs)}] {spec.kernel} ({summary})")
         manifest = {
             "format": "ssmcc-triton-aot/1",
             "triton": triton.__version__,
